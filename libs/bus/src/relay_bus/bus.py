@@ -1,0 +1,243 @@
+"""One service process's connection to Kafka: producer, admin, consumers and the topic keeper.
+
+Invariants:
+- `start()` either returns with every Relay topic present at its partition count, the producer
+  up and every consumer started, or raises `StartupError` (exit 69 when Kafka does not answer
+  within the start-up budget, exit 78 when a topic has a wrong partition count on a broker that
+  keeps its data);
+- the keeper checks every `topic_check_interval_s` that the topics exist and that the broker's
+  log is the one this process has been reading. A broker that lost its log (the embedded one
+  keeps everything in memory) is detected through the epoch record at offset 0 of
+  `relay.epoch`: the keeper recreates missing topics and tells every consumer to read again from
+  offset 0, because old positions point past the end of the new log. Handlers are idempotent, so
+  reading again is safe;
+- readiness condition `kafka` is true only while the last check succeeded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Sequence
+
+import structlog
+from prometheus_client import Counter
+
+from relay_bus import clients, schemas, topics
+from relay_bus.config import KafkaSettings
+from relay_bus.consumers import Consumer, Handler, StartOffsets
+from relay_runtime import exits
+from relay_runtime.readiness import Readiness
+
+log = structlog.get_logger(__name__)
+
+_PRODUCED = Counter("relay_bus_records_produced_total", "Records sent", ["topic"])
+_EPOCH_CHANGES = Counter("relay_bus_epoch_changes_total", "Broker log losses detected")
+_TOPICS_CREATED = Counter(
+    "relay_bus_topics_created_total", "Topics this process created", ["topic"]
+)
+
+_TOPIC_EXISTS = 36
+
+
+class TopicMismatchError(Exception):
+    pass
+
+
+class Bus:
+    def __init__(self, settings: KafkaSettings, *, client_id: str, readiness: Readiness) -> None:
+        self.settings = settings
+        self.client_id = client_id
+        self.readiness = readiness
+        self.specs = {spec.name: spec for spec in topics.topic_specs(settings)}
+        self.epoch: str | None = None
+        self.consumers: list[Consumer] = []
+        self._admin: clients.AIOKafkaAdminClient | None = None
+        self._producer: clients.AIOKafkaProducer | None = None
+        self._epoch_reader: clients.AIOKafkaConsumer | None = None
+        self._keeper: asyncio.Task[None] | None = None
+        readiness.register("kafka")
+
+    def consumer(
+        self,
+        topic: str,
+        handler: Handler,
+        *,
+        group_id: str | None,
+        partitions: Sequence[int] | None = None,
+        start_offsets: StartOffsets | None = None,
+    ) -> Consumer:
+        """Register a consumer, started with the bus; see `Consumer` for the two modes."""
+        consumer = Consumer(
+            self.settings,
+            topic=topic,
+            handler=handler,
+            client_id=self.client_id,
+            group_id=group_id,
+            partitions=partitions,
+            start_offsets=start_offsets,
+        )
+        self.consumers.append(consumer)
+        self.readiness.register(consumer.name)
+        return consumer
+
+    async def start(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        self._admin = await self._connect_admin(deadline)
+        try:
+            await self.ensure_topics()
+        except TopicMismatchError as error:
+            raise exits.StartupError(str(error), exits.EXIT_CONFIG) from None
+        self._producer = clients.producer(self.settings, self.client_id)
+        await self._producer.start()
+        self._epoch_reader = clients.consumer(self.settings, self.client_id, None)
+        await self._epoch_reader.start()
+        self._epoch_reader.assign([clients.TopicPartition(topics.EPOCH, 0)])
+        self.epoch = await self._read_epoch()
+        for consumer in self.consumers:
+            await consumer.start()
+            self.readiness.set(consumer.name, consumer.assigned)
+        self.readiness.set("kafka", True)
+        self._keeper = asyncio.create_task(self._keep(), name="kafka-keeper")
+        log.info("kafka_connected", servers=self.settings.servers, epoch=self.epoch)
+
+    async def _connect_admin(self, deadline: float) -> clients.AIOKafkaAdminClient:
+        last_error = "no answer"
+        while True:
+            admin = clients.admin_client(self.settings, self.client_id)
+            try:
+                await asyncio.wait_for(admin.start(), max(0.1, deadline - time.monotonic()))
+                await asyncio.wait_for(admin.list_topics(), max(0.1, deadline - time.monotonic()))
+                return admin
+            except (clients.KafkaError, TimeoutError, OSError) as error:
+                last_error = str(error) or type(error).__name__
+                await admin.close()
+            if time.monotonic() + 0.5 >= deadline:
+                raise exits.StartupError(
+                    f"cannot reach Kafka at {self.settings.bootstrap_servers}: {last_error}",
+                    exits.EXIT_UNAVAILABLE,
+                )
+            await asyncio.sleep(0.5)
+
+    async def ensure_topics(self) -> list[str]:
+        """Create missing Relay topics; check the partition counts of existing ones."""
+        assert self._admin is not None
+        existing = set(await self._admin.list_topics())
+        missing = [spec for name, spec in self.specs.items() if name not in existing]
+        present = [name for name in self.specs if name in existing]
+        if present:
+            for description in await self._admin.describe_topics(present):
+                name = description["topic"]
+                count = len(description["partitions"])
+                if count != self.specs[name].partitions:
+                    await self._mismatch(name, count)
+                    missing.append(self.specs[name])
+        if missing:
+            response = await self._admin.create_topics(
+                [
+                    clients.NewTopic(
+                        spec.name,
+                        spec.partitions,
+                        self.settings.replication_factor,
+                        topic_configs=spec.config,
+                    )
+                    for spec in missing
+                ]
+            )
+            for name, code, message in response.topic_errors:
+                if code not in (0, _TOPIC_EXISTS):
+                    raise clients.KafkaError(f"creating {name} failed: {code} {message}")
+                if code == 0:
+                    _TOPICS_CREATED.labels(name).inc()
+            log.info("topics_created", topics=[spec.name for spec in missing])
+        return [spec.name for spec in missing]
+
+    async def _mismatch(self, name: str, count: int) -> None:
+        assert self._admin is not None
+        expected = self.specs[name].partitions
+        if not self.settings.recreate_mismatched_topics:
+            raise TopicMismatchError(
+                f"topic {name} has {count} partitions, Relay needs {expected}; fix the topic or "
+                "the partition settings (RELAY_KAFKA__PARTITIONS, RELAY_KAFKA__INBOX_PARTITIONS)"
+            )
+        log.warning("topic_recreated", topic=name, partitions=count, expected=expected)
+        await self._admin.delete_topics([name])
+
+    async def _read_epoch(self) -> str:
+        """The epoch at offset 0 of `relay.epoch`, writing one first if the topic is empty."""
+        assert self._epoch_reader is not None
+        tp = clients.TopicPartition(topics.EPOCH, 0)
+        for _ in range(2):
+            self._epoch_reader.seek(tp, 0)
+            batch = await self._epoch_reader.getmany(tp, timeout_ms=1000, max_records=1)
+            for message in batch.get(tp, []):
+                record = schemas.decode(message.value)
+                if isinstance(record, schemas.Epoch) and message.offset == 0:
+                    return record.epoch
+            # Several processes may race here; whichever record lands at offset 0 wins.
+            await self.send(
+                topics.EPOCH,
+                schemas.Epoch(epoch=uuid.uuid4().hex, created_by=self.client_id),
+                partition=0,
+            )
+        raise clients.KafkaError("epoch record did not appear")
+
+    async def _keep(self) -> None:
+        healthy = True
+        while True:
+            await asyncio.sleep(self.settings.topic_check_interval_s)
+            try:
+                created = await self.ensure_topics()
+                epoch = await self._read_epoch()
+            except (clients.KafkaError, TimeoutError, OSError, TopicMismatchError) as error:
+                if healthy:
+                    log.warning("kafka_unavailable", error=str(error) or type(error).__name__)
+                healthy = False
+                self.readiness.set("kafka", False)
+                continue
+            if epoch != self.epoch:
+                _EPOCH_CHANGES.inc()
+                log.warning("kafka_log_lost", old_epoch=self.epoch, epoch=epoch, recreated=created)
+                self.epoch = epoch
+                for consumer in self.consumers:
+                    consumer.reset_to_beginning()
+            if not healthy:
+                log.info("kafka_available", epoch=epoch)
+            healthy = True
+            self.readiness.set("kafka", True)
+            for consumer in self.consumers:
+                self.readiness.set(consumer.name, consumer.assigned)
+
+    async def send(
+        self,
+        topic: str,
+        record: schemas.Ping | schemas.InboxClaim | schemas.Epoch,
+        *,
+        key: bytes | None = None,
+        partition: int | None = None,
+    ) -> tuple[int, int]:
+        """Send and wait for the broker's acknowledgement; returns (partition, offset)."""
+        assert self._producer is not None, "bus not started"
+        schemas.check_topic(record, topic)
+        metadata = await self._producer.send_and_wait(
+            topic, schemas.encode(record), key=key, partition=partition
+        )
+        _PRODUCED.labels(topic).inc()
+        return metadata.partition, metadata.offset
+
+    async def stop(self) -> None:
+        """Stop the keeper, then consumers (they commit), then flush the producer."""
+        if self._keeper is not None:
+            self._keeper.cancel()
+            await asyncio.gather(self._keeper, return_exceptions=True)
+            self._keeper = None
+        for consumer in self.consumers:
+            await consumer.stop()
+        for client in (self._epoch_reader, self._producer):
+            if client is not None:
+                await client.stop()
+        self._epoch_reader = self._producer = None
+        if self._admin is not None:
+            await self._admin.close()
+            self._admin = None

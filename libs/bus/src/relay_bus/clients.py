@@ -1,0 +1,97 @@
+"""The Kafka clients Relay uses (aiokafka), configured once. The only module importing them.
+
+Why aiokafka: the services are asyncio programs (FastAPI, WebSockets); aiokafka is faust's
+client, produces ~60k msg/s against the embedded broker, and commits, resumes and rebalances
+correctly there. Its idempotent producer does not work against the embedded broker, so Relay's
+idempotence comes from command ids (BRIEF §4), not from the producer. See
+docs/decisions/0001-kafka-client.md.
+
+Invariant: no Relay client ever asks a broker to auto-create a topic. Brokers that auto-create
+(the embedded one among them) would give a missing topic 4 partitions after a restart, while
+Relay partitions by key and needs its own counts; see `relay_bus.topics`.
+"""
+
+from __future__ import annotations
+
+import functools
+import ssl
+from typing import Any
+
+import aiokafka.client
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.abc import ConsumerRebalanceListener
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaError
+from aiokafka.helpers import create_ssl_context
+from aiokafka.protocol.metadata import MetadataRequest
+from aiokafka.structs import OffsetAndMetadata
+
+from relay_bus.config import KafkaSettings
+
+# aiokafka offers no setting for this: every metadata request it sends allows auto-creation.
+# The metadata request is built in one place, so a partial with the flag set is enough.
+aiokafka.client.MetadataRequest = functools.partial(
+    MetadataRequest, allow_auto_topic_creation=False
+)
+
+__all__ = [
+    "AIOKafkaAdminClient",
+    "AIOKafkaConsumer",
+    "AIOKafkaProducer",
+    "ConsumerRebalanceListener",
+    "KafkaError",
+    "NewTopic",
+    "OffsetAndMetadata",
+    "TopicPartition",
+    "admin_client",
+    "consumer",
+    "producer",
+]
+
+
+def _common(settings: KafkaSettings, client_id: str) -> dict[str, Any]:
+    options: dict[str, Any] = {
+        "bootstrap_servers": settings.servers,
+        "client_id": client_id,
+        "request_timeout_ms": settings.request_timeout_ms,
+        "security_protocol": settings.security_protocol,
+    }
+    if settings.security_protocol in ("SSL", "SASL_SSL"):
+        context: ssl.SSLContext = create_ssl_context(
+            cafile=str(settings.ssl_cafile) if settings.ssl_cafile else None,
+            certfile=str(settings.ssl_certfile) if settings.ssl_certfile else None,
+            keyfile=str(settings.ssl_keyfile) if settings.ssl_keyfile else None,
+        )
+        options["ssl_context"] = context
+    if settings.security_protocol.startswith("SASL"):
+        options["sasl_mechanism"] = settings.sasl_mechanism
+        options["sasl_plain_username"] = settings.sasl_username
+        options["sasl_plain_password"] = (
+            settings.sasl_password.get_secret_value() if settings.sasl_password else None
+        )
+    return options
+
+
+def admin_client(settings: KafkaSettings, client_id: str) -> AIOKafkaAdminClient:
+    return AIOKafkaAdminClient(**_common(settings, client_id))
+
+
+def producer(settings: KafkaSettings, client_id: str) -> AIOKafkaProducer:
+    # acks=all: a record counts as sent once every in-sync replica has it. linger_ms=2 lets
+    # concurrent sends share a request without adding visible latency.
+    return AIOKafkaProducer(**_common(settings, client_id), acks="all", linger_ms=2)
+
+
+def consumer(settings: KafkaSettings, client_id: str, group_id: str | None) -> AIOKafkaConsumer:
+    # Offsets are committed by hand after the handler has run (at-least-once); a partition
+    # without a committed offset starts at the beginning, since "latest" is unreliable on the
+    # embedded broker and would skip records on a real one after a reset.
+    return AIOKafkaConsumer(
+        **_common(settings, client_id),
+        group_id=group_id,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        session_timeout_ms=settings.session_timeout_ms,
+        heartbeat_interval_ms=settings.heartbeat_interval_ms,
+        max_poll_records=500,
+    )

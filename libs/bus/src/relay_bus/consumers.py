@@ -1,0 +1,206 @@
+"""Typed consumers: decode each record, hand it to a handler, commit only what was handled.
+
+Invariants:
+- at-least-once: an offset is committed only after the handler returned for that record and
+  every earlier one of its partition; a handler that raises is retried from the same record
+  after a back-off, so a record is never skipped because its handler failed;
+- a record this build cannot decode is counted, logged once and skipped (it would fail forever);
+- `stop()` lets the batch in hand finish, commits, and leaves the group before returning.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+import structlog
+from prometheus_client import Counter, Histogram
+
+from relay_bus import clients, schemas
+from relay_bus.config import KafkaSettings
+
+log = structlog.get_logger(__name__)
+
+_CONSUMED = Counter("relay_bus_records_consumed_total", "Records handled", ["topic"])
+_REJECTED = Counter("relay_bus_records_rejected_total", "Records skipped as unreadable", ["topic"])
+_FAILED = Counter("relay_bus_handler_failures_total", "Handler errors (retried)", ["topic"])
+_HANDLE_SECONDS = Histogram(
+    "relay_bus_handler_seconds", "Time in the handler per record", ["topic"]
+)
+
+RETRY_BACKOFF_S = 1.0
+
+
+@dataclass(frozen=True)
+class Received:
+    """One decoded record and where it came from."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    record: schemas.Ping | schemas.InboxClaim | schemas.Epoch
+
+
+Handler = Callable[[Received], Awaitable[None]]
+StartOffsets = Callable[[], Awaitable[dict[int, int]]]
+
+
+class _GroupListener(clients.ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, owner: Consumer) -> None:
+        self.owner = owner
+
+    async def on_partitions_revoked(self, revoked: set[clients.TopicPartition]) -> None:
+        await self.owner._commit()
+
+    async def on_partitions_assigned(self, assigned: set[clients.TopicPartition]) -> None:
+        self.owner.assigned = True
+        log.info(
+            "partitions_assigned",
+            topic=self.owner.topic,
+            partitions=sorted(tp.partition for tp in assigned),
+        )
+
+
+class Consumer:
+    """Consumes one topic, either as a member of a consumer group (`partitions=None`: Kafka
+    balances the partitions) or on a fixed set of partitions (stateful owners, BRIEF §3), with
+    `group_id` then used only to keep committed offsets."""
+
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        *,
+        topic: str,
+        handler: Handler,
+        client_id: str,
+        group_id: str | None,
+        partitions: Sequence[int] | None = None,
+        start_offsets: StartOffsets | None = None,
+    ) -> None:
+        if partitions is None and group_id is None:
+            raise ValueError("a group consumer needs a group_id")
+        self.settings = settings
+        self.topic = topic
+        self.handler = handler
+        self.client_id = client_id
+        self.group_id = group_id
+        self.partitions = list(partitions) if partitions is not None else None
+        self.start_offsets = start_offsets
+        self.assigned = False
+        self._consumer: clients.AIOKafkaConsumer | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
+        self._reset_requested = False
+        self._handled: dict[clients.TopicPartition, int] = {}
+
+    @property
+    def name(self) -> str:
+        return f"consumer:{self.topic}"
+
+    async def start(self) -> None:
+        self._consumer = clients.consumer(self.settings, self.client_id, self.group_id)
+        await self._consumer.start()
+        if self.partitions is None:
+            self._consumer.subscribe([self.topic], listener=_GroupListener(self))
+        else:
+            await self._assign()
+        self._task = asyncio.create_task(self._run(), name=self.name)
+
+    async def _assign(self) -> None:
+        assert self._consumer is not None
+        assert self.partitions is not None
+        tps = [clients.TopicPartition(self.topic, p) for p in self.partitions]
+        self._consumer.assign(tps)
+        if self.start_offsets is not None:
+            for partition, offset in (await self.start_offsets()).items():
+                self._consumer.seek(clients.TopicPartition(self.topic, partition), offset)
+        self.assigned = True
+
+    def reset_to_beginning(self) -> None:
+        """The broker lost its log (a new epoch): read every partition again from offset 0."""
+        self._reset_requested = True
+
+    async def _run(self) -> None:
+        try:
+            await self._loop()
+        except Exception:
+            log.exception("consumer_crashed", topic=self.topic)
+            self.assigned = False
+            raise
+
+    async def _loop(self) -> None:
+        assert self._consumer is not None
+        while not self._stopping.is_set():
+            if self._reset_requested:
+                self._reset_requested = False
+                self._handled.clear()
+                assignment = self._consumer.assignment()
+                if assignment:
+                    await self._consumer.seek_to_beginning(*assignment)
+            try:
+                batches = await self._consumer.getmany(timeout_ms=200, max_records=500)
+            except clients.KafkaError as error:
+                log.warning("consume_failed", topic=self.topic, error=str(error))
+                await asyncio.sleep(RETRY_BACKOFF_S)
+                continue
+            for tp, records in batches.items():
+                for message in records:
+                    if not await self._handle(tp, message):
+                        self._consumer.seek(tp, message.offset)
+                        await asyncio.sleep(RETRY_BACKOFF_S)
+                        break
+            await self._commit()
+
+    async def _handle(self, tp: clients.TopicPartition, message: object) -> bool:
+        value: bytes | None = getattr(message, "value", None)
+        offset: int = getattr(message, "offset")  # noqa: B009 - aiokafka's record is untyped
+        try:
+            record = schemas.decode(value)
+        except schemas.SchemaError as error:
+            _REJECTED.labels(self.topic).inc()
+            log.warning(
+                "record_rejected",
+                topic=self.topic,
+                partition=tp.partition,
+                offset=offset,
+                error=str(error),
+            )
+            self._handled[tp] = offset + 1
+            return True
+        received = Received(self.topic, tp.partition, offset, getattr(message, "key", None), record)
+        try:
+            with _HANDLE_SECONDS.labels(self.topic).time():
+                await self.handler(received)
+        except Exception:
+            _FAILED.labels(self.topic).inc()
+            log.exception("handler_failed", topic=self.topic, partition=tp.partition, offset=offset)
+            return False
+        _CONSUMED.labels(self.topic).inc()
+        self._handled[tp] = offset + 1
+        return True
+
+    async def _commit(self) -> None:
+        if self._consumer is None or self.group_id is None or not self._handled:
+            return
+        offsets = {
+            tp: clients.OffsetAndMetadata(offset, "") for tp, offset in self._handled.items()
+        }
+        try:
+            await self._consumer.commit(offsets)
+            self._handled.clear()
+        except clients.KafkaError as error:
+            # Not fatal: the records are handled again after a restart, and handlers are
+            # idempotent (BRIEF §4).
+            log.warning("commit_failed", topic=self.topic, error=str(error))
+
+    async def stop(self) -> None:
+        self._stopping.set()
+        if self._task is not None:
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        if self._consumer is not None:
+            await self._commit()
+            await self._consumer.stop()
+            self._consumer = None

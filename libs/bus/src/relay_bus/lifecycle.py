@@ -1,0 +1,42 @@
+"""The lifecycle of a service whose only dependency is the bus (plus optional hooks).
+
+Invariant: start runs `before_start` hooks, then the bus, within `startup_timeout_s`; stop
+stops the bus (consumers commit) and then runs `after_stop` hooks, each at most once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from relay_bus.bus import Bus
+
+Hook = Callable[[], Awaitable[None]]
+
+
+class BusLifecycle:
+    def __init__(
+        self,
+        bus: Bus,
+        startup_timeout_s: float,
+        *,
+        before_start: tuple[Hook, ...] = (),
+        after_stop: tuple[Hook, ...] = (),
+    ) -> None:
+        self.bus = bus
+        self.startup_timeout_s = startup_timeout_s
+        self.before_start = before_start
+        self.after_stop = after_stop
+        self._stopped = False
+
+    async def start(self) -> None:
+        for hook in self.before_start:
+            await hook()
+        await self.bus.start(self.startup_timeout_s)
+
+    async def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        await self.bus.stop()
+        for hook in self.after_stop:
+            await hook()

@@ -1,0 +1,46 @@
+"""Every Kafka topic Relay uses, with its partitioning rule, in one place.
+
+Invariant: topics are created explicitly by the services at start (and again if a broker loses
+them), with the partition counts below; nothing relies on broker auto-creation, which gives the
+wrong count.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from relay_bus.config import KafkaSettings
+
+QUEUE_COMMANDS = "relay.queue.commands"
+"""Commands for queues, keyed by queue id; each partition is applied by one queue-writer."""
+QUEUE_EVENTS = "relay.queue.events"
+"""What the queue-writers did, keyed by queue id; consumed by delivery."""
+PUBLICATIONS = "relay.publications"
+"""Topic publications, keyed by topic; consumed by the retainer shards and delivery."""
+REPLICATION = "relay.replication"
+"""Replication traffic between replicator sites, keyed by the replicated key."""
+INGRESS_INBOX = "relay.ingress.inbox"
+"""Replies and deliveries to ingress instances; partition = the instance's leased slot."""
+EPOCH = "relay.epoch"
+"""One partition; the record at offset 0 names the broker's log epoch (see `relay_bus.bus`)."""
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    name: str
+    partitions: int
+    config: dict[str, str] = field(default_factory=dict)
+
+
+def topic_specs(settings: KafkaSettings) -> list[TopicSpec]:
+    """The topics every Relay service makes sure exist."""
+    keyed = settings.partitions
+    return [
+        TopicSpec(QUEUE_COMMANDS, keyed),
+        TopicSpec(QUEUE_EVENTS, keyed),
+        TopicSpec(PUBLICATIONS, keyed),
+        TopicSpec(REPLICATION, keyed),
+        # Replies are useless once their request timed out: an hour bounds the inbox.
+        TopicSpec(INGRESS_INBOX, settings.inbox_partitions, {"retention.ms": "3600000"}),
+        TopicSpec(EPOCH, 1),
+    ]

@@ -1,0 +1,143 @@
+"""The serving loop of every service: bind, start, serve, drain, stop.
+
+Invariants:
+- start-up failures (bad settings, port in use, a dependency that does not answer within
+  `startup_timeout_s`) end the process with one line on stderr and a sysexits code, no traceback;
+- SIGTERM or SIGINT stop taking new work (uvicorn stops accepting), let in-flight requests finish
+  within `shutdown_timeout_s / 2`, then `Lifecycle.stop()` finishes and commits what its consumers
+  hold; the process exits 0 within `shutdown_timeout_s` (the pod's 10 s grace covers it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import signal
+import socket
+import sys
+from collections.abc import Callable
+from typing import Any, NoReturn, Protocol, TypeVar
+
+import structlog
+import uvicorn
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from relay_runtime import exits, logs, settings
+
+log = structlog.get_logger(__name__)
+
+
+class Lifecycle(Protocol):
+    """What a service starts before serving and stops after the server has drained."""
+
+    async def start(self) -> None:
+        """Connect to dependencies (bounded wait) and start background work.
+
+        Raises `StartupError` for anything an operator must fix.
+        """
+
+    async def stop(self) -> None:
+        """Stop consuming, finish and commit in-flight work, close clients. Idempotent."""
+
+
+class _LifespanApp:
+    """Runs the `Lifecycle` on ASGI lifespan events and hands everything else to `app`.
+
+    Start-up errors are kept here rather than raised through the lifespan protocol, which would
+    print a traceback; `run_service` reports them as one line.
+    """
+
+    def __init__(self, app: ASGIApp, lifecycle: Lifecycle, shutdown_timeout_s: float) -> None:
+        self.app = app
+        self.lifecycle = lifecycle
+        self.shutdown_timeout_s = shutdown_timeout_s
+        self.startup_error: exits.StartupError | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "lifespan":
+            await self.app(scope, receive, send)
+            return
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    await self.lifecycle.start()
+                except exits.StartupError as error:
+                    self.startup_error = error
+                    await self._stop_quietly()
+                    await send({"type": "lifespan.startup.failed", "message": ""})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self._stop_quietly()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def _stop_quietly(self) -> None:
+        try:
+            await asyncio.wait_for(self.lifecycle.stop(), self.shutdown_timeout_s / 2)
+        except TimeoutError:
+            log.warning("stop_timed_out", budget_s=self.shutdown_timeout_s / 2)
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """Bind the listening socket before anything else starts, so a busy port fails fast."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as error:
+        sock.close()
+        if error.errno == errno.EADDRINUSE:
+            raise exits.StartupError(f"port {port} on {host} is in use", exits.EXIT_OSERR) from None
+        raise exits.StartupError(
+            f"cannot listen on {host}:{port}: {error.strerror}", exits.EXIT_OSERR
+        ) from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+S = TypeVar("S", bound=settings.ServiceSettings)
+
+
+def _exit_on_sigterm(*_: Any) -> NoReturn:
+    # uvicorn re-raises the signal it caught once it has drained; by then the lifecycle has
+    # stopped, so the graceful outcome is exit 0 rather than death by signal.
+    sys.exit(exits.EXIT_OK)
+
+
+def run_service(
+    service: str,
+    settings_type: type[S],
+    build: Callable[[S], tuple[ASGIApp, Lifecycle]],
+) -> NoReturn:
+    """Load settings, bind, start the lifecycle, serve until SIGTERM, stop; never returns."""
+    try:
+        loaded = settings.load_settings(settings_type)
+        logs.configure_logging(service, loaded.instance, loaded.log_level)
+        sock = bind_socket(loaded.http.host, loaded.http.port)
+        app, lifecycle = build(loaded)
+        wrapped = _LifespanApp(app, lifecycle, loaded.shutdown_timeout_s)
+        config = uvicorn.Config(
+            wrapped,
+            lifespan="on",
+            log_config=None,
+            access_log=False,
+            timeout_graceful_shutdown=max(1, int(loaded.shutdown_timeout_s / 2)),
+            ws_max_size=1 << 20,
+        )
+        server = uvicorn.Server(config)
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
+        log.info("starting", port=sock.getsockname()[1])
+        asyncio.run(server.serve(sockets=[sock]))
+        if wrapped.startup_error is not None:
+            raise wrapped.startup_error
+    except exits.StartupError as error:
+        print(f"{service}: error: {error}", file=sys.stderr, flush=True)
+        sys.exit(error.exit_code)
+    except KeyboardInterrupt:
+        sys.exit(exits.EXIT_OK)
+    log.info("stopped")
+    sys.exit(exits.EXIT_OK)

@@ -1,0 +1,10 @@
+"""Console entry point `relay-delivery`."""
+
+from __future__ import annotations
+
+from relay_delivery.app import DeliverySettings, build
+from relay_runtime.serve import run_service
+
+
+def main() -> None:
+    run_service("relay-delivery", DeliverySettings, build)

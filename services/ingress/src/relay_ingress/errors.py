@@ -1,0 +1,62 @@
+"""The API's error shape: `{"error": CODE, "detail": text}` for every failure (API.md, Errors).
+
+Invariant: every response with status >= 400, including framework ones (unknown route, bad
+method, validation), carries one of the API's codes; nothing answers with another shape.
+"""
+
+from __future__ import annotations
+
+from http import HTTPStatus
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+CODES_BY_STATUS = {
+    400: "BAD_REQUEST",
+    401: "AUTH",
+    403: "FORBIDDEN",
+    404: "NOT_FOUND",
+    413: "TOO_LARGE",
+    429: "QUOTA",
+    503: "UNAVAILABLE",
+}
+
+
+class ApiError(Exception):
+    """Raised by handlers; rendered as the API's error object."""
+
+    def __init__(self, status: int, code: str, detail: str) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.code = code
+        self.detail = detail
+
+
+def error_response(status: int, code: str, detail: str) -> JSONResponse:
+    return JSONResponse({"error": code, "detail": detail}, status_code=status)
+
+
+def install(app: FastAPI) -> None:
+    async def api_error(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, ApiError)
+        return error_response(exc.status, exc.code, exc.detail)
+
+    async def http_error(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, StarletteHTTPException)
+        code = CODES_BY_STATUS.get(
+            exc.status_code, "BAD_REQUEST" if exc.status_code < 500 else "UNAVAILABLE"
+        )
+        detail = exc.detail if isinstance(exc.detail, str) else HTTPStatus(exc.status_code).phrase
+        return error_response(exc.status_code, code, detail)
+
+    async def validation_error(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+        where = ".".join(str(part) for part in first.get("loc", ()))
+        return error_response(400, "BAD_REQUEST", f"{where}: {first.get('msg')}")
+
+    app.add_exception_handler(ApiError, api_error)
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(RequestValidationError, validation_error)

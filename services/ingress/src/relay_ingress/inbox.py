@@ -1,0 +1,111 @@
+"""This ingress instance's inbox: a leased partition of `relay.ingress.inbox` and the requests
+waiting for a reply on it.
+
+Invariants:
+- an instance reads only the inbox slot it holds a Redis lease for (`relay:ingress:inbox:<n>`,
+  renewed every `LEASE_S / 3`), so replies reach the instance whose caller waits;
+- it reads from the offset of the claim record it wrote when taking the slot, so replies meant
+  for an earlier holder are never read; after a broker log loss, from offset 0;
+- a reply for a request that is no longer waiting (timed out) is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import structlog
+from redis.asyncio import Redis
+from redis.asyncio.lock import Lock
+from redis.exceptions import LockError, RedisError
+
+from relay_bus import schemas, topics
+from relay_bus.bus import Bus
+from relay_bus.consumers import Received
+from relay_runtime import exits
+from relay_runtime.readiness import Readiness
+
+log = structlog.get_logger(__name__)
+
+LEASE_S = 15.0
+
+
+class Inbox:
+    def __init__(
+        self, redis: Redis, bus: Bus, instance: str, slots: int, readiness: Readiness
+    ) -> None:
+        self.redis = redis
+        self.bus = bus
+        self.instance = instance
+        self.slots = slots
+        self.readiness = readiness
+        self.slot: int | None = None
+        self._lock: Lock | None = None
+        self._waiting: dict[str, asyncio.Future[schemas.Ping]] = {}
+        self._renewer: asyncio.Task[None] | None = None
+        readiness.register("inbox")
+
+    async def lease(self) -> int:
+        """Take the first free slot or raise `StartupError` when every slot is held."""
+        for slot in range(self.slots):
+            lock = self.redis.lock(f"relay:ingress:inbox:{slot}", timeout=LEASE_S, blocking=False)
+            if await lock.acquire(token=self.instance):
+                self.slot, self._lock = slot, lock
+                self.readiness.set("inbox", True)
+                self._renewer = asyncio.create_task(self._renew(), name="inbox-lease")
+                log.info("inbox_leased", slot=slot)
+                return slot
+        raise exits.StartupError(
+            f"all {self.slots} ingress inbox slots are held by other instances "
+            "(raise RELAY_KAFKA__INBOX_PARTITIONS to run more ingress instances)",
+            exits.EXIT_UNAVAILABLE,
+        )
+
+    async def _renew(self) -> None:
+        assert self._lock is not None
+        while True:
+            await asyncio.sleep(LEASE_S / 3)
+            try:
+                try:
+                    await self._lock.reacquire()
+                except LockError:
+                    # Lost (Redis restarted or the lease lapsed): take the same slot back.
+                    if not await self._lock.acquire(token=self.instance):
+                        raise LockError("inbox slot taken by another instance") from None
+                    log.warning("inbox_released_and_retaken", slot=self.slot)
+                self.readiness.set("inbox", True)
+            except (LockError, RedisError) as error:
+                log.warning("inbox_lease_lost", slot=self.slot, error=str(error))
+                self.readiness.set("inbox", False)
+
+    async def claim_offsets(self) -> dict[int, int]:
+        """Write the claim record to the slot; reading starts at its offset."""
+        assert self.slot is not None
+        partition, offset = await self.bus.send(
+            topics.INGRESS_INBOX, schemas.InboxClaim(instance=self.instance), partition=self.slot
+        )
+        return {partition: offset}
+
+    async def handle(self, received: Received) -> None:
+        reply = received.record
+        if isinstance(reply, schemas.Ping) and reply.origin == self.instance:
+            future = self._waiting.pop(reply.id, None)
+            if future is not None and not future.done():
+                future.set_result(reply)
+
+    def expect(self, request_id: str) -> asyncio.Future[schemas.Ping]:
+        future: asyncio.Future[schemas.Ping] = asyncio.get_running_loop().create_future()
+        self._waiting[request_id] = future
+        return future
+
+    def forget(self, request_id: str) -> None:
+        self._waiting.pop(request_id, None)
+
+    async def release(self) -> None:
+        if self._renewer is not None:
+            self._renewer.cancel()
+            await asyncio.gather(self._renewer, return_exceptions=True)
+        if self._lock is not None:
+            with contextlib.suppress(LockError, RedisError):
+                await self._lock.release()
+        self.readiness.set("inbox", False)

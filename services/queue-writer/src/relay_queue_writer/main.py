@@ -1,0 +1,10 @@
+"""Console entry point `relay-queue-writer`."""
+
+from __future__ import annotations
+
+from relay_queue_writer.app import QueueWriterSettings, build
+from relay_runtime.serve import run_service
+
+
+def main() -> None:
+    run_service("relay-queue-writer", QueueWriterSettings, build)

@@ -1,0 +1,10 @@
+"""Console entry point `relay-replicator`."""
+
+from __future__ import annotations
+
+from relay_replicator.app import ReplicatorSettings, build
+from relay_runtime.serve import run_service
+
+
+def main() -> None:
+    run_service("relay-replicator", ReplicatorSettings, build)

@@ -1,0 +1,10 @@
+"""Console entry point `relay-retainer`."""
+
+from __future__ import annotations
+
+from relay_retainer.app import RetainerSettings, build
+from relay_runtime.serve import run_service
+
+
+def main() -> None:
+    run_service("relay-retainer", RetainerSettings, build)
