@@ -1,0 +1,1 @@
+"""relayctl: start, inspect and drive a Relay suite."""

@@ -1,0 +1,125 @@
+"""The `relayctl` command line (typer): `up`, `status`, `ping`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import httpx
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from relayctl import processes, state, suite
+
+app = typer.Typer(help="Run and inspect a Relay suite.", no_args_is_help=True, add_completion=False)
+console = Console()
+
+DataDir = Annotated[Path, typer.Option("--data-dir", help="Where the suite keeps its data.")]
+
+
+@app.command()
+def up(
+    data_dir: DataDir = Path("./var"),
+    host: Annotated[str, typer.Option(help="Interface every process binds.")] = "127.0.0.1",
+    port: Annotated[
+        int, typer.Option(help="Ingress port (0: any free port).", min=0, max=65535)
+    ] = 8080,
+    ingress: Annotated[int, typer.Option(help="Ingress instances.", min=1, max=16)] = 1,
+    queue_writers: Annotated[int, typer.Option(help="Queue-writer instances.", min=1, max=64)] = 1,
+    delivery: Annotated[int, typer.Option(help="Delivery instances.", min=1, max=64)] = 1,
+    retainers: Annotated[int, typer.Option(help="Retainer instances.", min=1, max=64)] = 1,
+    replicators: Annotated[int, typer.Option(help="Replicator instances.", min=1, max=64)] = 1,
+    partitions: Annotated[
+        int, typer.Option(help="Partitions of keyed topics.", min=1, max=256)
+    ] = 8,
+    ready_timeout: Annotated[float, typer.Option(help="Seconds to wait for readiness.")] = 60.0,
+) -> None:
+    """Start the embedded broker, Redis and every service; stop them all on Ctrl-C."""
+    running = state.read_state(data_dir)
+    if running is not None and processes.pid_alive(running.pid):
+        typer.echo(
+            f"relayctl: a suite is already running from {data_dir} (pid {running.pid})", err=True
+        )
+        raise typer.Exit(1)
+    counts = {
+        "ingress": ingress,
+        "queue-writer": queue_writers,
+        "delivery": delivery,
+        "retainer": retainers,
+        "replicator": replicators,
+    }
+    for name in ("queue-writer", "retainer"):
+        if counts[name] > partitions:
+            typer.echo(
+                f"relayctl: {counts[name]} {name} instances need at least as many partitions",
+                err=True,
+            )
+            raise typer.Exit(2)
+    options = suite.Options(data_dir, host, port, counts, partitions, ready_timeout)
+    raise typer.Exit(suite.Suite(options).run())
+
+
+def _running(data_dir: Path) -> state.SuiteState:
+    running = state.read_state(data_dir)
+    if running is None or not processes.pid_alive(running.pid):
+        typer.echo(f"relayctl: no suite is running from {data_dir}", err=True)
+        raise typer.Exit(1)
+    return running
+
+
+@app.command()
+def status(data_dir: DataDir = Path("./var")) -> None:
+    """Probe every process of the running suite; exit 0 only if all are ready."""
+    running = _running(data_dir)
+    table = Table("process", "pid", "port", "state", "detail")
+    all_ready = True
+    with httpx.Client(timeout=2.0) as http:
+        for child in running.children:
+            alive = child.pid is not None and processes.pid_alive(child.pid)
+            if child.probe_url is None:
+                ready = alive and processes.port_open("127.0.0.1", child.port)
+                detail = "accepting connections" if ready else "port closed"
+            else:
+                try:
+                    response = http.get(child.probe_url)
+                    ready = response.status_code == 200
+                    failing = [k for k, ok in response.json().get("checks", {}).items() if not ok]
+                    detail = "ready" if ready else "waiting for " + ", ".join(failing)
+                except (httpx.HTTPError, ValueError) as error:
+                    ready, detail = False, f"no answer ({type(error).__name__})"
+            all_ready &= ready
+            table.add_row(
+                child.name,
+                str(child.pid),
+                str(child.port),
+                "[green]ready" if ready else "[red]not ready",
+                detail,
+            )
+    console.print(table)
+    raise typer.Exit(0 if all_ready else 1)
+
+
+@app.command()
+def ping(data_dir: DataDir = Path("./var")) -> None:
+    """Send an admin ping through every service and print each hop's latency."""
+    running = _running(data_dir)
+    response = httpx.get(
+        f"{running.ingress_url}/admin/ping",
+        headers={"Authorization": f"Bearer {state.admin_token(data_dir)}"},
+        timeout=20,
+    )
+    if response.status_code != 200:
+        typer.echo(f"relayctl: ping failed: {response.status_code} {response.text}", err=True)
+        raise typer.Exit(1)
+    report = response.json()
+    table = Table("hop to", "instance", "latency ms", "in service ms")
+    for hop in report["hops"]:
+        table.add_row(
+            hop["service"],
+            hop["instance"],
+            f"{hop['latency_ms']:.1f}",
+            f"{hop['processing_ms']:.2f}",
+        )
+    console.print(table)
+    console.print(f"round trip {report['total_ms']:.1f} ms")

@@ -1,0 +1,123 @@
+"""Child processes of `relayctl up`: start, watch, stop, with no orphans.
+
+Invariants:
+- every child is started with PR_SET_PDEATHSIG=SIGKILL, so it dies if relayctl itself is killed;
+- every child runs in its own session: a terminal's Ctrl-C reaches relayctl only, which then
+  stops the children in order (services first, then Redis and the broker);
+- `stop()` sends SIGTERM, waits up to the grace period, then SIGKILL, and reaps the process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+@dataclass
+class Child:
+    """One supervised process: a service instance, the broker or Redis."""
+
+    name: str
+    command: list[str]
+    env: dict[str, str]
+    log_path: Path
+    port: int
+    probe_url: str | None = None
+    """`/readyz` of a service; None for the broker and Redis (probed by TCP connect)."""
+    process: subprocess.Popen[bytes] | None = None
+    restarts: list[float] = field(default_factory=list)
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                self.command,
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,  # noqa: PLW1509 - relayctl starts no threads
+            )
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process else None
+
+    def exit_code(self) -> int | None:
+        return self.process.poll() if self.process else None
+
+    def last_log_line(self) -> str:
+        try:
+            lines = self.log_path.read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return ""
+        return lines[-1] if lines else ""
+
+    def signal(self, sig: signal.Signals) -> None:
+        if self.process is not None and self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.process.send_signal(sig)
+
+    def wait(self, timeout_s: float) -> bool:
+        """Reap the process within `timeout_s`; True once it has exited."""
+        if self.process is None:
+            return True
+        try:
+            self.process.wait(timeout=max(0.0, timeout_s))
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
+
+def stop_all(children: list[Child], grace_s: float) -> list[str]:
+    """SIGTERM all, wait together up to `grace_s`, SIGKILL the rest; names of those killed."""
+    for child in children:
+        child.signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    killed = []
+    for child in children:
+        if not child.wait(deadline - time.monotonic()):
+            child.signal(signal.SIGKILL)
+            child.wait(5)
+            killed.append(child.name)
+    return killed
+
+
+def free_port(host: str) -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def port_open(host: str, port: int, timeout_s: float = 0.2) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,248 @@
+"""`relayctl up`: the embedded broker, embedded Redis and every service as local processes.
+
+Invariants:
+- the ready line is printed only when every service's `/readyz` is green and an admin ping has
+  travelled through all five services;
+- a child that exits during start stops the whole suite, and relayctl exits 1 naming it and
+  quoting its last log line (its one-line error);
+- after start, a child that exits is restarted (the broker on its old port) with back-off; one
+  that fails 5 times within a minute stops the suite;
+- SIGINT or SIGTERM stops the services (SIGTERM, 10 s grace, then SIGKILL), then Redis and the
+  broker, and removes the run-state file: no child outlives relayctl.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+import httpx
+
+from relayctl import embedded, processes, state
+
+SERVICES = ("queue-writer", "delivery", "retainer", "replicator", "ingress")
+"""Start order; all start at once, ingress last so its port opens when the rest are starting."""
+GRACE_S = 10.0
+RESTART_LIMIT = 5
+RESTART_WINDOW_S = 60.0
+
+
+@dataclass(frozen=True)
+class Options:
+    data_dir: Path
+    host: str
+    port: int
+    counts: dict[str, int]
+    partitions: int
+    ready_timeout_s: float
+
+
+class SuiteFailedError(Exception):
+    pass
+
+
+class _StopRequestedError(Exception):
+    pass
+
+
+def _on_signal(signum: int, _: FrameType | None) -> None:
+    raise _StopRequestedError(signal.Signals(signum).name)
+
+
+class Suite:
+    def __init__(self, options: Options) -> None:
+        self.options = options
+        self.data_dir = options.data_dir.resolve()
+        self.logs = self.data_dir / "logs"
+        self.token = state.admin_token(self.data_dir)
+        host = options.host
+        self.broker = processes.Child(
+            "broker", [], {}, self.logs / "broker.log", processes.free_port(host)
+        )
+        self.broker.command = embedded.broker_command(host, self.broker.port)
+        self.redis = processes.Child(
+            "redis", [], {}, self.logs / "redis.log", processes.free_port(host)
+        )
+        (self.data_dir / "redis").mkdir(parents=True, exist_ok=True)
+        self.redis.command = embedded.redis_command(host, self.redis.port, self.data_dir / "redis")
+        self.services = [
+            self._service(name, k) for name in SERVICES for k in range(options.counts[name])
+        ]
+        self.ingress_url = f"http://{host}:{self._ingress_port(0)}"
+
+    @property
+    def children(self) -> list[processes.Child]:
+        return [self.broker, self.redis, *self.services]
+
+    def _ingress_port(self, k: int) -> int:
+        return (
+            self.options.port + k if self.options.port else processes.free_port(self.options.host)
+        )
+
+    def _service(self, service: str, k: int) -> processes.Child:
+        host = self.options.host
+        port = self._ingress_port(k) if service == "ingress" else processes.free_port(host)
+        replicas = self.options.counts[service]
+        env = {
+            **os.environ,
+            "RELAY_INSTANCE": f"{service}-{k}",
+            "RELAY_HTTP__HOST": host,
+            "RELAY_HTTP__PORT": str(port),
+            "RELAY_ADMIN_TOKEN": self.token,
+            "RELAY_KAFKA__BOOTSTRAP_SERVERS": f"{host}:{self.broker.port}",
+            "RELAY_KAFKA__PARTITIONS": str(self.options.partitions),
+            # The embedded broker forgets everything on restart; see relay_bus.config.
+            "RELAY_KAFKA__RECREATE_MISMATCHED_TOPICS": "true",
+            "RELAY_REDIS_URL": f"redis://{host}:{self.redis.port}/0",
+            "RELAY_DATA__DIR": str(self.data_dir / f"{service}-{k}"),
+            "RELAY_DATA__ORDINAL": str(k),
+            "RELAY_DATA__REPLICAS": str(replicas),
+        }
+        executable = Path(sys.executable).parent / f"relay-{service}"
+        return processes.Child(
+            f"relay-{service}-{k}",
+            [str(executable)],
+            env,
+            self.logs / f"{service}-{k}.log",
+            port,
+            probe_url=f"http://{host}:{port}/readyz",
+        )
+
+    # -- running ---------------------------------------------------------------------------
+
+    def run(self) -> int:
+        previous = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        code = 0
+        try:
+            started = time.monotonic()
+            self._start_infrastructure()
+            for child in self.services:
+                child.start()
+            self._write_state()
+            self._wait_ready(started)
+            total_ms = self._ping()
+            print(
+                f"Relay ready at {self.ingress_url} in {time.monotonic() - started:.1f} s: "
+                f"{len(self.services)} service processes, ping {total_ms:.0f} ms through all "
+                f"five; admin token in {self.data_dir / 'admin-token'}; logs in {self.logs}; "
+                "Ctrl-C stops",
+                flush=True,
+            )
+            self._supervise()
+        except _StopRequestedError:
+            pass
+        except SuiteFailedError as error:
+            print(f"relayctl: {error}", file=sys.stderr, flush=True)
+            code = 1
+        finally:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            self._stop()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        return code
+
+    def _start_infrastructure(self) -> None:
+        for child in (self.broker, self.redis):
+            child.start()
+        deadline = time.monotonic() + 10
+        for child in (self.broker, self.redis):
+            while not processes.port_open(self.options.host, child.port):
+                self._check_alive(child)
+                if time.monotonic() > deadline:
+                    raise SuiteFailedError(f"{child.name} did not open port {child.port} in 10 s")
+                time.sleep(0.05)
+
+    def _check_alive(self, child: processes.Child) -> None:
+        code = child.exit_code()
+        if code is not None:
+            raise SuiteFailedError(
+                f"{child.name} exited with code {code} during start: {child.last_log_line()}"
+            )
+
+    def _wait_ready(self, started: float) -> None:
+        deadline = started + self.options.ready_timeout_s
+        waiting = list(self.services)
+        with httpx.Client(timeout=1.0) as http:
+            while waiting:
+                for child in self.children:
+                    self._check_alive(child)
+                for child in list(waiting):
+                    assert child.probe_url is not None
+                    try:
+                        if http.get(child.probe_url).status_code == 200:
+                            waiting.remove(child)
+                    except httpx.HTTPError:
+                        pass
+                if waiting and time.monotonic() > deadline:
+                    names = ", ".join(child.name for child in waiting)
+                    raise SuiteFailedError(
+                        f"not ready within {self.options.ready_timeout_s:g} s: {names}"
+                    )
+                time.sleep(0.1)
+
+    def _ping(self) -> float:
+        response = httpx.get(
+            f"{self.ingress_url}/admin/ping",
+            headers={"Authorization": f"Bearer {self.token}"},
+            timeout=15,
+        )
+        if response.status_code != 200:
+            raise SuiteFailedError(
+                f"the start-up ping failed: {response.status_code} {response.text}"
+            )
+        total: float = response.json()["total_ms"]
+        return total
+
+    def _supervise(self) -> None:
+        due: dict[str, float] = {}
+        while True:
+            time.sleep(0.2)
+            now = time.monotonic()
+            for child in self.children:
+                code = child.exit_code()
+                if code is None:
+                    continue
+                if child.name not in due:
+                    child.restarts = [t for t in child.restarts if now - t < RESTART_WINDOW_S]
+                    if len(child.restarts) >= RESTART_LIMIT:
+                        raise SuiteFailedError(
+                            f"{child.name} exited {RESTART_LIMIT + 1} times within "
+                            f"{RESTART_WINDOW_S:g} s; last: {child.last_log_line()}"
+                        )
+                    delay = min(5.0, 0.25 * 2 ** len(child.restarts))
+                    due[child.name] = now + delay
+                    print(
+                        f"relayctl: {child.name} exited with code {code};"
+                        f" restarting in {delay:g} s",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                elif now >= due[child.name]:
+                    del due[child.name]
+                    child.restarts.append(now)
+                    child.start()
+                    self._write_state()
+
+    def _stop(self) -> None:
+        processes.stop_all(self.services, GRACE_S)
+        processes.stop_all([self.redis, self.broker], 5.0)
+        state.remove_state(self.data_dir)
+
+    def _write_state(self) -> None:
+        state.write_state(
+            self.data_dir,
+            state.SuiteState(
+                pid=os.getpid(),
+                ingress_url=self.ingress_url,
+                children=[
+                    state.ChildState(name=c.name, pid=c.pid, port=c.port, probe_url=c.probe_url)
+                    for c in self.children
+                ],
+            ),
+        )
