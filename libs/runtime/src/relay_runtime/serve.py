@@ -131,7 +131,13 @@ def run_service(
         server = uvicorn.Server(config)
         signal.signal(signal.SIGTERM, _exit_on_sigterm)
         log.info("starting", port=sock.getsockname()[1])
-        asyncio.run(server.serve(sockets=[sock]))
+        try:
+            asyncio.run(server.serve(sockets=[sock]))
+        except SystemExit:
+            # uvicorn exits 3 when start-up failed; our SIGTERM handler exits 0 after draining.
+            if wrapped.startup_error is None:
+                log.info("stopped")
+                raise
         if wrapped.startup_error is not None:
             raise wrapped.startup_error
     except exits.StartupError as error:

@@ -1,0 +1,199 @@
+"""The bus against the real embedded broker: topics, typed send and consume, commits, and
+recovery when the broker loses its log."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+
+from relay_bus import clients, schemas, topics
+from relay_bus.bus import Bus
+from relay_bus.config import KafkaSettings
+from relay_bus.consumers import Received
+from relay_runtime import exits
+from relay_runtime.readiness import Readiness
+from tests.helpers import Broker, free_port
+
+
+def _settings(broker: Broker, **extra: object) -> KafkaSettings:
+    return KafkaSettings(
+        bootstrap_servers=broker.bootstrap,
+        partitions=4,
+        inbox_partitions=2,
+        topic_check_interval_s=0.3,
+        **extra,
+    )
+
+
+def _ping(n: int) -> schemas.Ping:
+    now = schemas.now_ms_()
+    return schemas.Ping(
+        id=f"p{n}", origin="test", reply_slot=0, started_ms=now, deadline_ms=now + 60_000
+    )
+
+
+async def _eventually(check: Callable[[], bool], timeout_s: float = 20.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not check():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.05)
+
+
+@pytest.fixture
+async def admin(kafka: Broker) -> AsyncIterator[clients.AIOKafkaAdminClient]:
+    client = clients.admin_client(_settings(kafka), "test-admin")
+    await client.start()
+    yield client
+    await client.close()
+
+
+async def test_start_creates_every_topic_with_its_partition_count(
+    kafka: Broker, admin: clients.AIOKafkaAdminClient
+) -> None:
+    bus = Bus(_settings(kafka), client_id="t", readiness=Readiness())
+    await bus.start(5)
+    try:
+        described = {
+            d["topic"]: len(d["partitions"]) for d in await admin.describe_topics(list(bus.specs))
+        }
+        assert described == {name: spec.partitions for name, spec in bus.specs.items()}
+        assert described[topics.QUEUE_COMMANDS] == 4
+        assert described[topics.INGRESS_INBOX] == 2
+        assert bus.readiness.ready
+    finally:
+        await bus.stop()
+
+
+async def test_a_wrong_partition_count_stops_the_start_unless_recreation_is_allowed(
+    kafka: Broker, admin: clients.AIOKafkaAdminClient
+) -> None:
+    await admin.create_topics([clients.NewTopic(topics.QUEUE_EVENTS, 3, 1)])
+    bus = Bus(_settings(kafka), client_id="t", readiness=Readiness())
+    with pytest.raises(
+        exits.StartupError, match=r"relay\.queue\.events has 3 partitions, Relay needs 4"
+    ) as caught:
+        await bus.start(5)
+    assert caught.value.exit_code == exits.EXIT_CONFIG
+    await bus.stop()
+    fixing = Bus(
+        _settings(kafka, recreate_mismatched_topics=True), client_id="t", readiness=Readiness()
+    )
+    await fixing.start(5)
+    await fixing.stop()
+    described = await admin.describe_topics([topics.QUEUE_EVENTS])
+    assert len(described[0]["partitions"]) == 4
+
+
+async def test_unreachable_broker_fails_within_the_budget() -> None:
+    settings = KafkaSettings(bootstrap_servers=f"127.0.0.1:{free_port()}")
+    bus = Bus(settings, client_id="t", readiness=Readiness())
+    started = asyncio.get_running_loop().time()
+    with pytest.raises(exits.StartupError, match=r"cannot reach Kafka at 127\.0\.0\.1:") as caught:
+        await bus.start(1.5)
+    assert caught.value.exit_code == exits.EXIT_UNAVAILABLE
+    assert asyncio.get_running_loop().time() - started < 5
+
+
+async def test_fixed_consumer_commits_and_resumes_after_handled_records(kafka: Broker) -> None:
+    seen: list[str] = []
+
+    async def handler(received: Received) -> None:
+        assert isinstance(received.record, schemas.Ping)
+        seen.append(received.record.id)
+
+    settings = _settings(kafka)
+    producer_bus = Bus(settings, client_id="producer", readiness=Readiness())
+    await producer_bus.start(5)
+    for n in range(5):
+        await producer_bus.send(topics.QUEUE_COMMANDS, _ping(n), partition=1)
+
+    first = Bus(settings, client_id="c1", readiness=Readiness())
+    first.consumer(topics.QUEUE_COMMANDS, handler, group_id="g", partitions=[1])
+    await first.start(5)
+    await _eventually(lambda: len(seen) == 5)
+    await first.stop()
+
+    for n in range(5, 8):
+        await producer_bus.send(topics.QUEUE_COMMANDS, _ping(n), partition=1)
+    second = Bus(settings, client_id="c2", readiness=Readiness())
+    second.consumer(topics.QUEUE_COMMANDS, handler, group_id="g", partitions=[1])
+    await second.start(5)
+    await _eventually(lambda: len(seen) == 8)
+    await asyncio.sleep(0.5)
+    await second.stop()
+    await producer_bus.stop()
+    assert seen == [f"p{n}" for n in range(8)]
+
+
+async def test_failing_handler_is_retried_and_unreadable_records_are_skipped(kafka: Broker) -> None:
+    settings = _settings(kafka)
+    bus = Bus(settings, client_id="t", readiness=Readiness())
+    attempts: list[str] = []
+
+    async def handler(received: Received) -> None:
+        assert isinstance(received.record, schemas.Ping)
+        attempts.append(received.record.id)
+        if attempts.count("p0") == 1:
+            raise RuntimeError("transient")
+
+    bus.consumer(topics.QUEUE_COMMANDS, handler, group_id="g", partitions=[0])
+    await bus.start(5)
+    producer = clients.producer(settings, "raw")
+    await producer.start()
+    await producer.send_and_wait(topics.QUEUE_COMMANDS, b'{"kind": "future", "v": 9}', partition=0)
+    await producer.stop()
+    await bus.send(topics.QUEUE_COMMANDS, _ping(0), partition=0)
+    await bus.send(topics.QUEUE_COMMANDS, _ping(1), partition=0)
+    await _eventually(lambda: attempts[-2:] == ["p0", "p1"])
+    await bus.stop()
+    assert attempts == ["p0", "p0", "p1"]
+
+
+async def test_group_consumer_gets_assigned_and_becomes_ready(kafka: Broker) -> None:
+    readiness = Readiness()
+    bus = Bus(_settings(kafka), client_id="t", readiness=readiness)
+    got: list[str] = []
+
+    async def handler(received: Received) -> None:
+        assert isinstance(received.record, schemas.Ping)
+        got.append(received.record.id)
+
+    bus.consumer(topics.QUEUE_EVENTS, handler, group_id="delivery")
+    await bus.start(5)
+    assert not readiness.ready  # the group has not been joined yet
+    await _eventually(lambda: readiness.ready)
+    await bus.send(topics.QUEUE_EVENTS, _ping(1), key=b"q1")
+    await _eventually(lambda: got == ["p1"])
+    await bus.stop()
+
+
+async def test_broker_log_loss_recreates_topics_and_rereads_from_the_start(kafka: Broker) -> None:
+    settings = _settings(kafka)
+    readiness = Readiness()
+    bus = Bus(settings, client_id="t", readiness=readiness)
+    seen: list[str] = []
+
+    async def handler(received: Received) -> None:
+        assert isinstance(received.record, schemas.Ping)
+        seen.append(received.record.id)
+
+    bus.consumer(topics.QUEUE_COMMANDS, handler, group_id="g", partitions=[2])
+    await bus.start(5)
+    for n in range(20):
+        await bus.send(topics.QUEUE_COMMANDS, _ping(n), partition=2)
+    await _eventually(lambda: len(seen) == 20)
+    old_epoch = bus.epoch
+
+    kafka.kill()
+    await _eventually(lambda: not readiness.ready)
+    kafka.start()
+    await _eventually(lambda: bus.epoch != old_epoch and readiness.ready)
+    # The new log is shorter than the old position (20): without the reset the consumer
+    # would wait at offset 20 and never see these.
+    for n in range(100, 103):
+        await bus.send(topics.QUEUE_COMMANDS, _ping(n), partition=2)
+    await _eventually(lambda: seen[-3:] == ["p100", "p101", "p102"])
+    await bus.stop()

@@ -1,0 +1,63 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from relay_bus import schemas, topics
+
+_names = st.text(st.characters(codec="utf-8"), max_size=20)
+_times = st.floats(0, 1e13, allow_nan=False)
+_hops = st.builds(schemas.Hop, service=_names, instance=_names, received_ms=_times, sent_ms=_times)
+_pings = st.builds(
+    schemas.Ping,
+    id=_names,
+    origin=_names,
+    reply_slot=st.integers(0, 1000),
+    started_ms=_times,
+    deadline_ms=_times,
+    hops=st.lists(_hops, max_size=5).map(tuple),
+)
+
+
+@given(_pings)
+def test_ping_round_trips(ping: schemas.Ping) -> None:
+    assert schemas.decode(schemas.encode(ping)) == ping
+
+
+def test_unknown_version_is_rejected_by_name() -> None:
+    data = json.loads(schemas.encode(schemas.InboxClaim(instance="i")))
+    data["v"] = 2
+    with pytest.raises(schemas.SchemaError, match="unsupported version 2 of 'inbox_claim'"):
+        schemas.decode(json.dumps(data).encode())
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (None, "empty record"),
+        (b"not json", "not a Relay record"),
+        (b'{"kind": "nope", "v": 1}', "unknown record kind 'nope'"),
+        (b'{"kind": "ping", "v": 1, "id": "x"}', "invalid 'ping' v1"),
+    ],
+)
+def test_unreadable_records_raise_schema_error(raw: bytes | None, message: str) -> None:
+    with pytest.raises(schemas.SchemaError, match=message):
+        schemas.decode(raw)
+
+
+def test_records_are_checked_against_their_topics() -> None:
+    schemas.check_topic(schemas.InboxClaim(instance="i"), topics.INGRESS_INBOX)
+    with pytest.raises(ValueError, match="may not be sent"):
+        schemas.check_topic(schemas.InboxClaim(instance="i"), topics.QUEUE_COMMANDS)
+
+
+def test_a_hop_is_appended_without_changing_the_original() -> None:
+    ping = schemas.Ping(id="p", origin="o", reply_slot=0, started_ms=1.0, deadline_ms=2.0)
+    hopped = ping.with_hop("queue-writer", "qw-0", 1.5)
+    assert ping.hops == ()
+    assert [h.service for h in hopped.hops] == ["queue-writer"]
+    assert hopped.expired(3.0)
+    assert not hopped.expired(1.9)

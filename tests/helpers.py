@@ -1,0 +1,112 @@
+"""Test helpers: real embedded broker and Redis processes on free loopback ports."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from relayctl import embedded
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def wait_port(port: int, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"port {port} did not open")
+
+
+def port_free(port: int) -> bool:
+    """Nothing listens on `port` (connections left in TIME_WAIT do not count)."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+class Broker:
+    """The embedded Kafka-protocol broker on a fixed port, restartable (losing everything)."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        for _ in range(50):
+            self.process = subprocess.Popen(
+                embedded.broker_command("127.0.0.1", self.port),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            try:
+                wait_port(self.port, 2)
+                return
+            except TimeoutError:
+                self.process.kill()
+                self.process.wait()
+        raise RuntimeError("broker did not start")
+
+    def kill(self) -> None:
+        if self.process is not None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait()
+            self.process = None
+
+
+@contextmanager
+def broker() -> Iterator[Broker]:
+    b = Broker()
+    b.start()
+    try:
+        yield b
+    finally:
+        b.kill()
+
+
+@contextmanager
+def redis_server(tmp: Path) -> Iterator[str]:
+    port = free_port()
+    process = subprocess.Popen(
+        embedded.redis_command("127.0.0.1", port, tmp),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_port(port)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        process.kill()
+        process.wait()
+
+
+def service_env(**overrides: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
+    env.update(overrides)
+    return env

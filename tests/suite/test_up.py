@@ -1,0 +1,206 @@
+"""End to end: the whole suite through the README's entry point, the way a developer runs it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from relayctl import state
+from tests.helpers import BIN, ROOT, free_port, port_free, service_env
+
+pytestmark = pytest.mark.suite
+
+READY_BUDGET_S = 60.0
+SERVICES = ["queue-writer", "delivery", "retainer", "replicator", "ingress"]
+
+
+@dataclass
+class Running:
+    process: subprocess.Popen[str]
+    data_dir: Path
+    ready_line: str
+    descendants: set[int] = field(default_factory=set)
+
+    @property
+    def state(self) -> state.SuiteState:
+        found = state.read_state(self.data_dir)
+        assert found is not None
+        return found
+
+    def token(self) -> str:
+        return (self.data_dir / "admin-token").read_text().strip()
+
+    def ping(self, url: str | None = None, timeout_s: float = 15) -> httpx.Response:
+        return httpx.get(
+            f"{url or self.state.ingress_url}/admin/ping",
+            headers={"Authorization": f"Bearer {self.token()}"},
+            timeout=timeout_s,
+        )
+
+    def collect_descendants(self) -> None:
+        self.descendants |= {
+            p.pid for p in psutil.Process(self.process.pid).children(recursive=True)
+        }
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+@contextmanager
+def suite(tmp_path: Path, *args: str, entry: list[str] | None = None) -> Iterator[Running]:
+    data_dir = tmp_path / "var"
+    command = [*(entry or [str(BIN / "relayctl"), "up"]), "--data-dir", str(data_dir), *args]
+    process = subprocess.Popen(
+        command,
+        cwd=ROOT,
+        env=service_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    running = Running(process, data_dir, "")
+    try:
+        started = time.monotonic()
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        assert line.startswith("Relay ready at "), (
+            line,
+            process.stderr.read() if process.poll() else "",
+        )
+        assert time.monotonic() - started < READY_BUDGET_S
+        running.ready_line = line
+        running.collect_descendants()
+        yield running
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def _assert_stops_cleanly(running: Running) -> None:
+    running.collect_descendants()
+    ports = [child.port for child in running.state.children]
+    assert len(running.descendants) >= 7  # broker, redis and five services
+    running.process.send_signal(signal.SIGTERM)
+    assert running.process.wait(timeout=25) == 0
+    assert not [pid for pid in running.descendants if _alive(pid)]
+    assert all(port_free(port) for port in ports)
+    assert state.read_state(running.data_dir) is None
+
+
+def test_readme_entry_point_starts_pings_and_stops_cleanly(tmp_path: Path) -> None:
+    with suite(tmp_path, "--port", str(free_port()), entry=[str(ROOT / "dev"), "up"]) as running:
+        assert "ping" in running.ready_line
+        response = running.ping()
+        assert response.status_code == 200, response.text
+        report = response.json()
+        assert [hop["service"] for hop in report["hops"]] == SERVICES
+        assert all(hop["latency_ms"] >= 0 for hop in report["hops"])
+        assert report["total_ms"] >= sum(hop["latency_ms"] for hop in report["hops"]) - 1
+
+        status = subprocess.run(
+            [str(BIN / "relayctl"), "status", "--data-dir", str(running.data_dir)],
+            capture_output=True,
+            text=True,
+            check=False,
+            env=service_env(),
+        )
+        assert status.returncode == 0, status.stdout
+        for name in ["broker", "redis", *(f"relay-{s}-0" for s in SERVICES)]:
+            assert name in status.stdout
+
+        wrong = httpx.get(
+            f"{running.state.ingress_url}/admin/ping", headers={"Authorization": "Bearer nope"}
+        )
+        assert wrong.status_code == 403
+        assert wrong.json()["error"] == "FORBIDDEN"
+        _assert_stops_cleanly(running)
+
+
+def test_broker_loss_is_survived_with_several_instances(tmp_path: Path) -> None:
+    port = free_port()
+    args = [
+        "--port",
+        str(port),
+        "--ingress",
+        "2",
+        "--queue-writers",
+        "2",
+        "--retainers",
+        "2",
+        "--delivery",
+        "2",
+    ]
+    with suite(tmp_path, *args) as running:
+        second_ingress = f"http://127.0.0.1:{port + 1}"
+        # Pings take random partitions: several cover both queue-writers' shares.
+        for url in (None, second_ingress, None, second_ingress):
+            assert running.ping(url).status_code == 200
+        broker = next(c for c in running.state.children if c.name == "broker")
+        assert broker.pid is not None
+        os.kill(broker.pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        while True:
+            assert time.monotonic() - killed_at < 30, "no ping within 30 s of the broker loss"
+            try:
+                if running.ping(timeout_s=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        assert running.state.children[0].pid != broker.pid  # relayctl restarted it
+        assert running.ping(second_ingress).status_code == 200
+        _assert_stops_cleanly(running)
+
+
+def test_a_child_dying_at_start_stops_the_suite_and_is_named(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        process = subprocess.Popen(
+            [str(BIN / "relayctl"), "up", "--data-dir", str(tmp_path / "var"), "--port", str(port)],
+            env=service_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        seen: set[int] = set()
+        while process.poll() is None:
+            try:
+                seen |= {p.pid for p in psutil.Process(process.pid).children(recursive=True)}
+            except psutil.NoSuchProcess:
+                break
+            time.sleep(0.05)
+        _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 1
+    assert "relay-ingress-0 exited with code 71 during start" in stderr
+    assert f"port {port} on 127.0.0.1 is in use" in stderr
+    assert seen
+    assert not [pid for pid in seen if _alive(pid)]
+
+
+def test_killing_relayctl_leaves_no_orphans(tmp_path: Path) -> None:
+    with suite(tmp_path, "--port", str(free_port())) as running:
+        running.collect_descendants()
+        running.process.send_signal(signal.SIGKILL)
+        running.process.wait()
+        deadline = time.monotonic() + 10
+        while [pid for pid in running.descendants if _alive(pid)]:
+            assert time.monotonic() < deadline, "children outlived relayctl"
+            time.sleep(0.1)
