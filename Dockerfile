@@ -1,0 +1,19 @@
+# One image per service, from the workspace lock: docker build --build-arg SERVICE=ingress .
+# skaffold.yaml builds all five. The image holds only that service and the libs it uses.
+FROM python:3.11-slim AS build
+ARG SERVICE
+RUN pip install --no-cache-dir uv==0.13.9
+WORKDIR /src
+COPY pyproject.toml uv.lock ./
+COPY libs libs
+COPY services services
+COPY cli cli
+RUN uv sync --frozen --no-dev --no-editable --package "relay-${SERVICE}" \
+    && ln -s "/src/.venv/bin/relay-${SERVICE}" /src/.venv/bin/relay-entrypoint
+
+FROM python:3.11-slim
+COPY --from=build /src/.venv /src/.venv
+ENV PATH=/src/.venv/bin:$PATH PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
+USER 10001:10001
+EXPOSE 8080
+ENTRYPOINT ["relay-entrypoint"]
