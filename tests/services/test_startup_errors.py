@@ -169,5 +169,11 @@ def test_sigterm_stops_a_service_within_ten_seconds(kafka: Broker, tmp_path: Pat
         assert time.monotonic() - started < 10
         assert helpers.port_free(port)
         assert '"event": "stopped"' in stderr
+        import json
+
+        for line in stderr.splitlines():
+            entry = json.loads(line)  # every line is one JSON object
+            assert entry["service"] == "relay-delivery"
+            assert entry["instance"]
     finally:
         process.kill()

@@ -92,11 +92,11 @@ def suite(tmp_path: Path, *args: str, entry: list[str] | None = None) -> Iterato
             process.wait()
 
 
-def _assert_stops_cleanly(running: Running) -> None:
+def _assert_stops_cleanly(running: Running, sig: signal.Signals = signal.SIGTERM) -> None:
     running.collect_descendants()
     ports = [child.port for child in running.state.children]
     assert len(running.descendants) >= 7  # broker, redis and five services
-    running.process.send_signal(signal.SIGTERM)
+    running.process.send_signal(sig)
     assert running.process.wait(timeout=25) == 0
     assert not [pid for pid in running.descendants if _alive(pid)]
     assert all(port_free(port) for port in ports)
@@ -165,7 +165,7 @@ def test_broker_loss_is_survived_with_several_instances(tmp_path: Path) -> None:
             time.sleep(0.5)
         assert running.state.children[0].pid != broker.pid  # relayctl restarted it
         assert running.ping(second_ingress).status_code == 200
-        _assert_stops_cleanly(running)
+        _assert_stops_cleanly(running, signal.SIGINT)  # what Ctrl-C sends
 
 
 def test_a_child_dying_at_start_stops_the_suite_and_is_named(tmp_path: Path) -> None:
