@@ -197,3 +197,16 @@ async def test_broker_log_loss_recreates_topics_and_rereads_from_the_start(kafka
         await bus.send(topics.QUEUE_COMMANDS, _ping(n), partition=2)
     await _eventually(lambda: seen[-3:] == ["p100", "p101", "p102"])
     await bus.stop()
+
+
+async def test_send_without_a_broker_raises_unavailable_within_its_budget(kafka: Broker) -> None:
+    from relay_bus.bus import SEND_BUDGET_S, BusUnavailableError
+
+    bus = Bus(_settings(kafka), client_id="t", readiness=Readiness())
+    await bus.start(5)
+    kafka.kill()
+    started = asyncio.get_running_loop().time()
+    with pytest.raises(BusUnavailableError, match=r"sending to relay\.queue\.commands failed"):
+        await bus.send(topics.QUEUE_COMMANDS, _ping(1), partition=0)
+    assert asyncio.get_running_loop().time() - started < SEND_BUDGET_S + 12  # + one request timeout
+    await bus.stop()

@@ -41,8 +41,16 @@ _TOPICS_CREATED = Counter(
 _TOPIC_EXISTS = 36
 
 
+SEND_BUDGET_S = 5.0
+SEND_RETRY_S = 0.2
+
+
 class TopicMismatchError(Exception):
     pass
+
+
+class BusUnavailableError(Exception):
+    """Kafka did not take a record within the send budget; nothing can be assumed sent."""
 
 
 class Bus:
@@ -217,14 +225,31 @@ class Bus:
         key: bytes | None = None,
         partition: int | None = None,
     ) -> tuple[int, int]:
-        """Send and wait for the broker's acknowledgement; returns (partition, offset)."""
+        """Send and wait for the broker's acknowledgement; returns (partition, offset).
+
+        Errors are retried with fresh metadata for up to `SEND_BUDGET_S` (a broker that has
+        just restarted answers with errors until the topics exist again); every Relay record
+        may be delivered twice (BRIEF §4), so a retry after an unclear failure is safe. Raises
+        `BusUnavailableError` when the budget runs out.
+        """
         assert self._producer is not None, "bus not started"
         schemas.check_topic(record, topic)
-        metadata = await self._producer.send_and_wait(
-            topic, schemas.encode(record), key=key, partition=partition
-        )
-        _PRODUCED.labels(topic).inc()
-        return metadata.partition, metadata.offset
+        value = schemas.encode(record)
+        deadline = time.monotonic() + SEND_BUDGET_S
+        while True:
+            try:
+                metadata = await self._producer.send_and_wait(
+                    topic, value, key=key, partition=partition
+                )
+            except clients.KafkaError as error:
+                if time.monotonic() + SEND_RETRY_S >= deadline:
+                    raise BusUnavailableError(f"sending to {topic} failed: {error}") from error
+                log.debug("send_retry", topic=topic, error=str(error))
+                await asyncio.sleep(SEND_RETRY_S)
+                self._producer.client.force_metadata_update()
+                continue
+            _PRODUCED.labels(topic).inc()
+            return metadata.partition, metadata.offset
 
     async def stop(self) -> None:
         """Stop the keeper, then consumers (they commit), then flush the producer."""

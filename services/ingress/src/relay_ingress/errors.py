@@ -13,6 +13,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from relay_bus.bus import BusUnavailableError
+
 CODES_BY_STATUS = {
     400: "BAD_REQUEST",
     401: "AUTH",
@@ -57,6 +59,10 @@ def install(app: FastAPI) -> None:
         where = ".".join(str(part) for part in first.get("loc", ()))
         return error_response(400, "BAD_REQUEST", f"{where}: {first.get('msg')}")
 
+    async def bus_unavailable(_: Request, exc: Exception) -> JSONResponse:
+        return error_response(503, "UNAVAILABLE", "Kafka is not answering; retry later")
+
     app.add_exception_handler(ApiError, api_error)
+    app.add_exception_handler(BusUnavailableError, bus_unavailable)
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_exception_handler(RequestValidationError, validation_error)
