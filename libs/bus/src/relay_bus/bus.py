@@ -237,11 +237,10 @@ class Bus:
         value = schemas.encode(record)
         deadline = time.monotonic() + SEND_BUDGET_S
         while True:
+            sending = self._producer.send_and_wait(topic, value, key=key, partition=partition)
             try:
-                metadata = await self._producer.send_and_wait(
-                    topic, value, key=key, partition=partition
-                )
-            except clients.KafkaError as error:
+                metadata = await asyncio.wait_for(sending, max(0.01, deadline - time.monotonic()))
+            except (clients.KafkaError, TimeoutError) as error:
                 if time.monotonic() + SEND_RETRY_S >= deadline:
                     raise BusUnavailableError(f"sending to {topic} failed: {error}") from error
                 log.debug("send_retry", topic=topic, error=str(error))
