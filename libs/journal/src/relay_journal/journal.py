@@ -1,0 +1,312 @@
+"""The queue journal: every queue's files behind one group-committed write-ahead log.
+
+Invariants:
+- every change is logged (`os.write` to the WAL) before the queue's files change, and with the
+  `always` policy a change is acknowledged only after the WAL is fdatasync'ed up to it;
+- opening replays only the WAL since the last checkpoint (it never scans the queue folders), so
+  open time does not grow with the number of queues;
+- only open queues cost memory or file handles; beyond `max_open_queues` the least recently used
+  are closed, and a closed empty active queue leaves no files;
+- refused operations (quota, suspended, wrong ack, bad id) change nothing;
+- a checkpoint writes every dirty queue's state line, flushes the filesystem (syncfs), then
+  starts a new WAL segment and deletes the old ones.
+
+Not thread-safe: call it from one thread (the service's event loop); only `Wal.sync_to` may run
+on another thread (see `relay_journal.aio`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+from collections import OrderedDict
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+
+from relay_journal import errors, layout, records
+from relay_journal.queue import OpenQueue, new_file_id
+from relay_journal.records import LogRecord, Message, Op
+from relay_journal.settings import FsyncPolicy, JournalSettings
+from relay_journal.wal import Wal, list_segments, next_generation, read_segments
+
+log = structlog.get_logger(__name__)
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _syncfs(path: Path) -> None:
+    """Flush every dirty page and inode of the filesystem holding `path` (one syscall)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if _libc.syncfs(fd) != 0:
+            os.sync()
+    finally:
+        os.close(fd)
+
+
+@dataclass(frozen=True)
+class QueueInfo:
+    size: int
+    can_write: bool
+    suspended: bool
+    read: records.Pos
+    write: records.Pos
+    open: bool
+
+
+class QueueJournal:
+    def __init__(self, settings: JournalSettings) -> None:
+        self.settings = settings
+        self.root = settings.root
+        self.layout = layout.load_layout(self.root, settings.path_fragments)
+        self._open: OrderedDict[str, OpenQueue] = OrderedDict()
+        self.auto_sync = True
+        """With FsyncPolicy.ALWAYS, fsync inside each call. `AsyncJournal` turns this off and
+        shares fsyncs between concurrent callers instead."""
+        segments = list_segments(self.root)
+        self.wal = Wal(self.root, next_generation(self.root))
+        self._replay(segments)
+        self.checkpoint()
+
+    # -- queues in memory ------------------------------------------------------------------
+
+    def _queue(self, queue_id: str) -> OpenQueue:
+        queue = self._open.get(queue_id)
+        if queue is not None:
+            self._open.move_to_end(queue_id)
+            queue.last_used = time.monotonic()
+            return queue
+        layout.validate_queue_id(queue_id, self.settings.path_fragments)
+        queue = OpenQueue.load(queue_id, self.layout.paths(self.root, queue_id), self.settings)
+        self._open[queue_id] = queue
+        self._evict()
+        return queue
+
+    def _evict(self) -> None:
+        while len(self._open) > self.settings.max_open_queues:
+            queue_id = next(iter(self._open))
+            self._close_queue(queue_id)
+
+    def _close_queue(self, queue_id: str) -> None:
+        queue = self._open.pop(queue_id)
+        if queue.on_disk and queue.state.size == 0 and not queue.state.suspended:
+            self._log(queue, LogRecord(Op.DROP, self.wal.next_lsn(), queue_id))
+            queue.remove()
+            layout.remove_empty_parents(queue.folder.parent, self.root)
+            return
+        queue.save_state(self.settings)
+        queue.close_files()
+
+    def close_idle(self, idle_s: float = 0.0) -> int:
+        """Close queues unused for `idle_s` seconds; returns how many were closed."""
+        cutoff = time.monotonic() - idle_s
+        idle = [qid for qid, q in self._open.items() if q.last_used <= cutoff]
+        for queue_id in idle:
+            self._close_queue(queue_id)
+        return len(idle)
+
+    @property
+    def open_queues(self) -> int:
+        return len(self._open)
+
+    @property
+    def open_files(self) -> int:
+        return sum(q.holds_files for q in self._open.values())
+
+    # -- logging ---------------------------------------------------------------------------
+
+    def _log(self, queue: OpenQueue, record: LogRecord) -> int:
+        self.wal.append(record)
+        if record.op is not Op.DROP:
+            queue.apply(record)
+        if self.wal.segment_bytes >= self.settings.wal_segment_bytes:
+            self.checkpoint()
+        elif self.auto_sync and self.settings.fsync is FsyncPolicy.ALWAYS:
+            self.wal.sync_to(record.lsn)
+        return record.lsn
+
+    # -- operations ------------------------------------------------------------------------
+
+    def create(self, queue_id: str) -> None:
+        """Check the id and that no queue folder exists. Nothing is written: a queue's folder
+        appears with its first message (or suspension), and the queue records are the store
+        log's (issue 5)."""
+        layout.validate_queue_id(queue_id, self.settings.path_fragments)
+        if queue_id in self._open and self._open[queue_id].on_disk:
+            raise errors.QueueExists(queue_id)
+        if any((p / layout.STATE_FILE).exists() for p in self.layout.paths(self.root, queue_id)):
+            raise errors.QueueExists(queue_id)
+
+    def write(
+        self, queue_id: str, msg_id: bytes, body: bytes, *, ts_ms: int, expires_ms: int = 0
+    ) -> int:
+        """Append a message; returns its lsn. At the quota the first refusal appends the quota
+        marker; refusals raise `QuotaExceeded` or `QueueSuspended`."""
+        if len(msg_id) != records.MSG_ID_BYTES:
+            raise ValueError("msg_id must be 24 bytes")
+        if len(body) > records.MAX_BODY_BYTES:
+            raise ValueError("body too large")
+        queue = self._queue(queue_id)
+        state = queue.state
+        if state.suspended:
+            raise errors.QueueSuspended(queue_id)
+        if not state.can_write:
+            raise errors.QuotaExceeded(queue_id)
+        if state.size >= self.settings.max_queue_messages:
+            marker = Message(msg_id, ts_ms, 0, b"", quota=True)
+            self._log(
+                queue,
+                LogRecord(
+                    Op.WRITE,
+                    self.wal.next_lsn(),
+                    queue_id,
+                    file=self._target_file(queue),
+                    message=marker,
+                ),
+            )
+            raise errors.QuotaExceeded(queue_id)
+        message = Message(msg_id, ts_ms, expires_ms, body)
+        return self._log(
+            queue,
+            LogRecord(
+                Op.WRITE,
+                self.wal.next_lsn(),
+                queue_id,
+                file=self._target_file(queue),
+                message=message,
+            ),
+        )
+
+    def _target_file(self, queue: OpenQueue) -> str:
+        write = queue.state.write
+        if write.msg >= self.settings.max_file_messages or (
+            queue.state.size == 0 and write.msg > 0
+        ):
+            return new_file_id()  # rotate; an emptied queue also starts a fresh file
+        return write.file
+
+    def peek(self, queue_id: str, *, now_ms: int | None = None) -> Message | None:
+        """The head message (cached after the first read), dropping expired ones first."""
+        queue = self._queue(queue_id)
+        if now_ms is not None:
+            self._expire(queue, now_ms)
+        return queue.peek()
+
+    def ack(self, queue_id: str, msg_id: bytes) -> int:
+        """Acknowledge the head; `NoMessage` if `msg_id` is not the head."""
+        queue = self._queue(queue_id)
+        head = queue.peek()
+        if head is None or head.msg_id != msg_id:
+            raise errors.NoMessage(queue_id)
+        return self._log(queue, LogRecord(Op.ACK, self.wal.next_lsn(), queue_id, msg_id=msg_id))
+
+    def suspend(self, queue_id: str) -> int:
+        queue = self._queue(queue_id)
+        if queue.state.suspended:
+            return queue.state.lsn
+        return self._log(queue, LogRecord(Op.SUSPEND, self.wal.next_lsn(), queue_id))
+
+    def delete(self, queue_id: str) -> int:
+        """Remove the queue's folder and everything in it."""
+        queue = self._queue(queue_id)
+        lsn = self._log(queue, LogRecord(Op.DROP, self.wal.next_lsn(), queue_id))
+        del self._open[queue_id]
+        queue.remove()
+        layout.remove_empty_parents(queue.folder.parent, self.root)
+        return lsn
+
+    def expire(self, queue_id: str, now_ms: int) -> int:
+        """Drop expired messages from the head; returns how many."""
+        return self._expire(self._queue(queue_id), now_ms)
+
+    def _expire(self, queue: OpenQueue, now_ms: int) -> int:
+        dropped = 0
+        while (head := queue.peek()) is not None and not head.quota and head.expired(now_ms):
+            self._log(
+                queue,
+                LogRecord(Op.ACK, self.wal.next_lsn(), queue.id, msg_id=head.msg_id, expired=True),
+            )
+            dropped += 1
+        return dropped
+
+    def expire_all(self, now_ms: int) -> Iterator[tuple[str, int]]:
+        """Expire every queue on disk, open or not, walking the folders lazily; yields
+        (queue id, dropped) for queues that lost messages. Queues it opens are closed again."""
+        for fragments in {self.layout.current, self.layout.fragments_for_new}:
+            for queue_id, _ in layout.iter_queue_dirs(self.root, fragments):
+                was_open = queue_id in self._open
+                dropped = self.expire(queue_id, now_ms)
+                if not was_open and queue_id in self._open:
+                    self._close_queue(queue_id)
+                if dropped:
+                    yield queue_id, dropped
+
+    def size(self, queue_id: str) -> int:
+        return self._queue(queue_id).state.size
+
+    def info(self, queue_id: str) -> QueueInfo:
+        was_open = queue_id in self._open
+        state = self._queue(queue_id).state
+        return QueueInfo(
+            state.size, state.can_write, state.suspended, state.read, state.write, was_open
+        )
+
+    # -- durability ------------------------------------------------------------------------
+
+    def sync(self) -> None:
+        """Make everything logged so far durable."""
+        self.wal.sync_to(self.wal.written_lsn)
+
+    def checkpoint(self) -> None:
+        """Write dirty state lines, flush the filesystem, start a new WAL segment, delete the
+        old ones. After it, opening replays nothing written before it."""
+        for queue in self._open.values():
+            queue.save_state(self.settings)
+        _syncfs(self.root)
+        old = self.wal.rotate()
+        self.wal.append(LogRecord(Op.CHECKPOINT, self.wal.next_lsn(), ""))
+        self.wal.sync_to(self.wal.written_lsn)
+        for path in old:
+            path.unlink(missing_ok=True)
+        layout.fsync_dir(self.wal.folder)
+
+    def close(self) -> None:
+        for queue_id in list(self._open):
+            self._close_queue(queue_id)
+        self.checkpoint()
+        self.wal.close()
+
+    # -- recovery --------------------------------------------------------------------------
+
+    def _replay(self, segments: list[Path]) -> None:
+        """Re-apply every logged change the queue files may lack (see the module invariants)."""
+        if not segments:
+            return
+        last_drop: dict[str, int] = {}
+        count = 0
+        for record, _, _ in read_segments(segments):
+            count += 1
+            if record.op is Op.DROP:
+                last_drop[record.queue] = record.lsn
+        applied = 0
+        for record, path, offset in read_segments(segments):
+            if record.op is Op.CHECKPOINT or record.lsn < last_drop.get(record.queue, -1):
+                continue
+            queue = self._queue(record.queue)
+            if record.op is Op.DROP:
+                del self._open[record.queue]
+                queue.remove()
+                layout.remove_empty_parents(queue.folder.parent, self.root)
+                continue
+            if queue.state.lsn >= record.lsn or queue.rebuilt:
+                continue
+            try:
+                queue.apply(record)
+            except (errors.CorruptJournal, OSError) as error:
+                raise errors.CorruptJournal(f"{path.name} at byte {offset}: {error}") from None
+            applied += 1
+        log.info("journal_replayed", segments=len(segments), records=count, applied=applied)

@@ -1,0 +1,423 @@
+"""One queue's folder: message files and the `queue.log` state file (seed 000's algorithm).
+
+Invariants:
+- `state` in memory is the queue's truth; `queue.log` holds it as of `state.lsn` (written at
+  checkpoints and on close, appended, last valid line wins) and the write-ahead log holds every
+  change after that, so a state line never needs to be fsynced on the write path;
+- on load, message files are truncated to the recorded write position (bytes past it were never
+  acknowledged) and every missing-file combination is repaired with a warning;
+- a queue with no messages holds no open file; `apply()` is deterministic, so replaying a log
+  record reproduces exactly what the live write did.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import time
+from pathlib import Path
+
+import structlog
+
+from relay_journal import errors, layout, records
+from relay_journal.records import Message, Pos, QueueState
+from relay_journal.settings import JournalSettings
+
+log = structlog.get_logger(__name__)
+
+STATE_FILE = layout.STATE_FILE
+
+
+def new_file_id() -> str:
+    return secrets.token_hex(4)
+
+
+def message_file(folder: Path, file_id: str) -> Path:
+    return folder / f"messages.{file_id}.log"
+
+
+def fresh_state(lsn: int = 0, suspended: bool = False) -> QueueState:
+    file_id = new_file_id()
+    return QueueState(
+        read=Pos(file_id, 0, 0), write=Pos(file_id, 0, 0), size=0, suspended=suspended, lsn=lsn
+    )
+
+
+class OpenQueue:
+    def __init__(
+        self, queue_id: str, folder: Path, state: QueueState, *, on_disk: bool, state_lines: int
+    ) -> None:
+        self.id = queue_id
+        self.folder = folder
+        self.state = state
+        self.on_disk = on_disk
+        self.state_lines = state_lines
+        self.written_lsn = state.lsn if on_disk else -1
+        """lsn of the last state line written; -1 when no queue.log exists."""
+        self._write_fd = -1
+        self._read_fd = -1
+        self._read_file = ""
+        self.head: tuple[Message, int] | None = None
+        """The next message and the byte after it in the read file, once read (not re-read)."""
+        self.last_used = time.monotonic()
+        self.rebuilt = False
+        """State was rebuilt from the message files (queue.log unusable): the files already hold
+        every logged write, so replay skips this queue's records."""
+
+    # -- loading ---------------------------------------------------------------------------
+
+    @classmethod
+    def load(cls, queue_id: str, candidates: list[Path], settings: JournalSettings) -> OpenQueue:
+        for folder in candidates:
+            if (folder / STATE_FILE).exists():
+                return cls._load_folder(queue_id, folder, settings)
+            if folder.exists() and any(folder.glob("messages.*.log")):
+                return cls._load_folder(queue_id, folder, settings)
+        return cls(queue_id, candidates[0], fresh_state(), on_disk=False, state_lines=0)
+
+    @classmethod
+    def _load_folder(cls, queue_id: str, folder: Path, settings: JournalSettings) -> OpenQueue:
+        state, lines = _read_state_file(queue_id, folder)
+        rebuilt = state is None
+        if state is None:
+            state = _rebuild_state(queue_id, folder)
+            lines = 0
+        state = _repair_files(queue_id, folder, state)
+        queue = cls(queue_id, folder, state, on_disk=True, state_lines=lines)
+        queue.rebuilt = rebuilt
+        if lines == 0 or lines > settings.state_compact_lines:
+            queue.compact(settings)
+        return queue
+
+    # -- files -----------------------------------------------------------------------------
+
+    def _ensure_folder(self) -> None:
+        if self.on_disk:
+            return
+        self.folder.mkdir(parents=True, exist_ok=True)
+        with (self.folder / STATE_FILE).open("wb") as f:
+            f.write(records.encode_state(self.state))
+        self.on_disk = True
+        self.state_lines = 1
+        self.written_lsn = self.state.lsn
+
+    def _writer(self) -> int:
+        if self._write_fd < 0:
+            path = message_file(self.folder, self.state.write.file)
+            self._write_fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+        return self._write_fd
+
+    def _reader(self) -> int:
+        if self._read_fd >= 0 and self._read_file != self.state.read.file:
+            os.close(self._read_fd)
+            self._read_fd = -1
+        if self._read_fd < 0:
+            self._read_fd = os.open(message_file(self.folder, self.state.read.file), os.O_RDONLY)
+            self._read_file = self.state.read.file
+        return self._read_fd
+
+    def close_files(self) -> None:
+        for fd in (self._write_fd, self._read_fd):
+            if fd >= 0:
+                os.close(fd)
+        self._write_fd = self._read_fd = -1
+        self._read_file = ""
+
+    @property
+    def holds_files(self) -> bool:
+        return self._write_fd >= 0 or self._read_fd >= 0
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def peek(self) -> Message | None:
+        """The head message, read once and cached; None when the queue is empty."""
+        if self.head is not None:
+            return self.head[0]
+        while self.state.size > 0:
+            read = self.state.read
+            if read.file != self.state.write.file and read.byte >= self._read_file_size():
+                self._switch_read_file("end of read file reached")
+                continue
+            try:
+                message, end = self._read_record(read.byte)
+            except (records.RecordError, OSError) as error:
+                self._drop_unreadable(str(error))
+                continue
+            self.head = (message, end)
+            return message
+        self.close_files()
+        return None
+
+    def _read_file_size(self) -> int:
+        try:
+            return os.fstat(self._reader()).st_size
+        except FileNotFoundError:
+            return 0
+
+    def _read_record(self, offset: int) -> tuple[Message, int]:
+        fd = self._reader()
+        head = os.pread(fd, records.MSG_HEADER_BYTES, offset)
+        if len(head) < records.MSG_HEADER_BYTES:
+            raise records.RecordError("torn message header")
+        length = int.from_bytes(head[2:6], "big")
+        if length > records.MAX_BODY_BYTES:
+            raise records.RecordError(f"message body length {length} is out of range")
+        data = head + os.pread(fd, length, offset + records.MSG_HEADER_BYTES)
+        message, end = records.decode_message(data)
+        return message, offset + end
+
+    def _switch_read_file(self, why: str) -> None:
+        old = self.state.read.file
+        remaining = self.state.write.msg
+        if self.state.size != remaining:
+            log.warning("queue_size_corrected", queue=self.id, was=self.state.size, now=remaining)
+        self.state = self.state.evolve(read=Pos(self.state.write.file, 0, 0), size=remaining)
+        self.head = None
+        if self._read_fd >= 0:
+            os.close(self._read_fd)
+            self._read_fd = -1
+        message_file(self.folder, old).unlink(missing_ok=True)
+        log.debug("read_file_switched", queue=self.id, why=why)
+
+    def _drop_unreadable(self, error: str) -> None:
+        """A record at the read position cannot be read: lose the rest of that file (and say so)
+        rather than stop serving the queue."""
+        read, write = self.state.read, self.state.write
+        if read.file != write.file:
+            log.warning(
+                "unreadable_messages_dropped",
+                queue=self.id,
+                file=read.file,
+                offset=read.byte,
+                error=error,
+            )
+            self._switch_read_file("unreadable record")
+            return
+        lost = write.msg - read.msg
+        log.warning(
+            "unreadable_messages_dropped",
+            queue=self.id,
+            file=read.file,
+            offset=read.byte,
+            messages=lost,
+            error=error,
+        )
+        if self._write_fd >= 0:
+            os.ftruncate(self._write_fd, read.byte)
+        else:
+            with open(message_file(self.folder, read.file), "r+b") as f:
+                f.truncate(read.byte)
+        self.state = self.state.evolve(write=read, size=0, can_write=True)
+
+    # -- applying log records --------------------------------------------------------------
+
+    def apply(self, record: records.LogRecord) -> None:
+        """Apply one logged change (live or during replay); sets `state.lsn`."""
+        if record.op is records.Op.WRITE:
+            assert record.message is not None
+            self._apply_write(record.message, record.file)
+        elif record.op is records.Op.ACK:
+            self._apply_ack(record.msg_id)
+        elif record.op is records.Op.SUSPEND:
+            self._ensure_folder()
+            self.state = self.state.evolve(suspended=True)
+        self.state = self.state.evolve(lsn=record.lsn)
+
+    def _apply_write(self, message: Message, file_id: str) -> None:
+        self._ensure_folder()
+        write = self.state.write
+        if file_id != write.file:
+            if self._write_fd >= 0:
+                os.close(self._write_fd)
+                self._write_fd = -1
+            write = Pos(file_id, 0, 0)
+            # A replay may meet a torn file of that name: start it again.
+            message_file(self.folder, file_id).unlink(missing_ok=True)
+            if self.state.size == 0:
+                # Nothing left to read in the old file: read from the new one.
+                message_file(self.folder, self.state.read.file).unlink(missing_ok=True)
+                self.state = self.state.evolve(read=write)
+                self.head = None
+            self.state = self.state.evolve(write=write)
+        data = records.encode_message(message)
+        # pwrite at the recorded position: bytes past it (a torn append) are overwritten.
+        os.pwrite(self._writer(), data, write.byte)
+        self.state = self.state.evolve(
+            write=Pos(write.file, write.msg + 1, write.byte + len(data)),
+            size=self.state.size + 1,
+            can_write=self.state.can_write and not message.quota,
+        )
+
+    def _apply_ack(self, msg_id: bytes) -> None:
+        head = self.peek()
+        if head is None or head.msg_id != msg_id:
+            raise errors.CorruptJournal(
+                f"queue {self.id}: logged ack of a message that is not the head"
+            )
+        assert self.head is not None
+        _, end = self.head
+        self.head = None
+        read = self.state.read
+        size = self.state.size - 1
+        self.state = self.state.evolve(
+            read=Pos(read.file, read.msg + 1, end),
+            size=size,
+            can_write=self.state.can_write or size == 0,
+        )
+        if read.file != self.state.write.file and end >= self._read_file_size():
+            self._switch_read_file("acked the last message of the read file")
+        if size == 0:
+            self.close_files()
+
+    # -- state file ------------------------------------------------------------------------
+
+    def save_state(self, settings: JournalSettings) -> bool:
+        """Append the state line if it changed; True if something was written."""
+        if not self.on_disk or self.written_lsn == self.state.lsn:
+            return False
+        if self.state_lines + 1 > settings.state_compact_lines:
+            self.compact(settings)
+            return True
+        with (self.folder / STATE_FILE).open("ab") as f:
+            f.write(records.encode_state(self.state))
+        self.state_lines += 1
+        self.written_lsn = self.state.lsn
+        return True
+
+    def compact(self, settings: JournalSettings) -> None:
+        """Keep a timestamped copy of queue.log, then rewrite it as one line (atomic rename)."""
+        path = self.folder / STATE_FILE
+        if path.exists() and self.state_lines > 1:
+            stamp = (
+                time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+                + f"{time.time_ns() % 1_000_000_000:09d}"
+            )
+            shutil.copyfile(path, self.folder / f"queue.{stamp}.log")
+            _prune_backups(self.folder, settings)
+        tmp = self.folder / (STATE_FILE + ".tmp")
+        with tmp.open("wb") as f:
+            f.write(records.encode_state(self.state))
+        tmp.replace(path)
+        self.state_lines = 1
+        self.written_lsn = self.state.lsn
+
+    def remove(self) -> None:
+        self.close_files()
+        shutil.rmtree(self.folder, ignore_errors=True)
+        self.on_disk = False
+        self.head = None
+
+
+def _prune_backups(folder: Path, settings: JournalSettings) -> None:
+    backups = sorted(folder.glob("queue.*.log"), reverse=True)
+    now = time.time()
+    for old in backups[settings.state_backups_keep :]:
+        try:
+            if now - old.stat().st_mtime > settings.state_backups_max_age_s:
+                old.unlink()
+        except FileNotFoundError:
+            pass
+
+
+def _read_state_file(queue_id: str, folder: Path) -> tuple[QueueState | None, int]:
+    """The last valid line of queue.log and the number of lines; (None, 0) if there is none."""
+    try:
+        data = (folder / STATE_FILE).read_bytes()
+    except FileNotFoundError:
+        log.warning("state_file_missing", queue=queue_id, folder=str(folder))
+        return None, 0
+    lines = data.splitlines(keepends=True)
+    for index in range(len(lines) - 1, -1, -1):
+        try:
+            state = records.decode_state(lines[index])
+        except records.RecordError as error:
+            log.warning("state_line_ignored", queue=queue_id, line=index + 1, error=str(error))
+            continue
+        return state, len(lines)
+    log.warning("state_file_unreadable", queue=queue_id, folder=str(folder))
+    return None, 0
+
+
+def _scan(path: Path) -> tuple[int, int, int]:
+    """(valid messages, bytes they span, ts of the first) of a message file."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return 0, 0, 0
+    count = at = first_ts = 0
+    while at < len(data):
+        try:
+            message, at_next = records.decode_message(data, at)
+        except records.RecordError:
+            break
+        first_ts = first_ts or message.ts_ms
+        count, at = count + 1, at_next
+    return count, at, first_ts
+
+
+def _rebuild_state(queue_id: str, folder: Path) -> QueueState:
+    """No usable queue.log: rebuild from the message files. Reading restarts at the oldest
+    file's first message, so acknowledged messages may be delivered again (never lost)."""
+    files = []
+    for path in folder.glob("messages.*.log"):
+        count, end, first_ts = _scan(path)
+        files.append((first_ts, path.name.split(".")[1], count, end))
+    files.sort()
+    if not files:
+        return fresh_state()
+    log.warning("state_rebuilt_from_messages", queue=queue_id, files=len(files))
+    _, write_id, write_count, write_end = files[-1]
+    read_id = files[0][1]
+    size = sum(f[2] for f in files)
+    for _, extra, _, _ in files[1:-1]:
+        message_file(folder, extra).unlink(missing_ok=True)
+    return QueueState(
+        read=Pos(read_id, 0, 0), write=Pos(write_id, write_count, write_end), size=size
+    )
+
+
+def _repair_files(queue_id: str, folder: Path, state: QueueState) -> QueueState:
+    read, write = state.read, state.write
+    read_path, write_path = message_file(folder, read.file), message_file(folder, write.file)
+    write_exists = write_path.exists()
+    read_exists = read_path.exists()
+    if read.file != write.file and not read_exists:
+        log.warning("read_file_missing", queue=queue_id, file=read.file)
+        state = state.evolve(read=Pos(write.file, 0, 0), size=write.msg)
+        read, read_exists = state.read, write_exists
+    if not write_exists:
+        if write.byte > 0:
+            log.warning(
+                "write_file_missing", queue=queue_id, file=write.file, messages_lost=write.msg
+            )
+            lost = write.msg if read.file != write.file else write.msg - read.msg
+            if read.file == write.file:
+                state = state.evolve(read=Pos(write.file, 0, 0))
+            state = state.evolve(
+                write=Pos(write.file, 0, 0), size=max(0, state.size - lost), can_write=True
+            )
+        return state
+    actual = write_path.stat().st_size
+    if actual > write.byte:
+        with open(write_path, "r+b") as f:
+            f.truncate(write.byte)
+        log.info(
+            "write_file_truncated",
+            queue=queue_id,
+            file=write.file,
+            to=write.byte,
+            dropped=actual - write.byte,
+        )
+    elif actual < write.byte:
+        count, end, _ = _scan(write_path)
+        log.warning(
+            "write_file_short", queue=queue_id, file=write.file, recorded=write.byte, valid=end
+        )
+        with open(write_path, "r+b") as f:
+            f.truncate(end)
+        lost = write.msg - count
+        state = state.evolve(write=Pos(write.file, count, end), size=max(0, state.size - lost))
+        if state.read.file == write.file and state.read.byte > end:
+            state = state.evolve(read=Pos(write.file, count, end), size=0)
+    return state

@@ -1,0 +1,225 @@
+"""The journal's on-disk records, each carrying a format version.
+
+Invariants:
+- every record ends with (or is framed by) a CRC-32, so a torn or flipped record is detected,
+  never misread;
+- readers accept every version listed in `*_VERSIONS` and refuse others by name;
+- encoding is deterministic: replaying a logged write appends the same bytes.
+
+Formats (version 1):
+- message record: `u8 version | u8 flags | u32 body length | u32 crc | 24-byte msg id |
+  u64 ts ms | u64 expires ms (0 = never) | body`, crc over everything after it;
+- state line: `v1 read=<file>,<msg>,<byte> write=<file>,<msg>,<byte> size=<n> can_write=T|F
+  status=active|suspended lsn=<n> crc=<8 hex>` plus newline, crc over the text before ` crc=`;
+- log record: `u32 length | u32 crc | u8 version | u8 op | u64 lsn | u8 id length | queue id |
+  op fields`, crc over everything after it.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+import zlib
+from dataclasses import dataclass, replace
+from enum import IntEnum
+
+MESSAGE_VERSIONS = frozenset({1})
+STATE_VERSIONS = frozenset({1})
+LOG_VERSIONS = frozenset({1})
+
+MSG_ID_BYTES = 24
+FLAG_QUOTA = 1
+
+_MSG_HEAD = struct.Struct(">BBII")  # version, flags, body length, crc
+_MSG_FIXED = struct.Struct(">24sQQ")  # msg id, ts, expires
+MSG_HEADER_BYTES = _MSG_HEAD.size + _MSG_FIXED.size
+MAX_BODY_BYTES = 16 * 1024 * 1024
+
+
+class RecordError(ValueError):
+    """A record that is torn, corrupt or of an unknown version."""
+
+
+@dataclass(frozen=True)
+class Message:
+    msg_id: bytes
+    ts_ms: int
+    expires_ms: int
+    body: bytes
+    quota: bool = False
+
+    def expired(self, now_ms: int) -> bool:
+        return self.expires_ms != 0 and self.expires_ms <= now_ms
+
+
+def encode_message(message: Message) -> bytes:
+    fixed = _MSG_FIXED.pack(message.msg_id, message.ts_ms, message.expires_ms)
+    flags = FLAG_QUOTA if message.quota else 0
+    crc = zlib.crc32(message.body, zlib.crc32(fixed, flags))
+    return _MSG_HEAD.pack(1, flags, len(message.body), crc) + fixed + message.body
+
+
+def decode_message(data: bytes | memoryview, offset: int = 0) -> tuple[Message, int]:
+    """The message at `offset` and the offset after it; `RecordError` if torn or corrupt."""
+    end_head = offset + MSG_HEADER_BYTES
+    if len(data) < end_head:
+        raise RecordError("torn message header")
+    version, flags, length, crc = _MSG_HEAD.unpack_from(data, offset)
+    if version not in MESSAGE_VERSIONS:
+        raise RecordError(f"unknown message record version {version}")
+    if length > MAX_BODY_BYTES:
+        raise RecordError(f"message body length {length} is out of range")
+    end = end_head + length
+    if len(data) < end:
+        raise RecordError("torn message body")
+    fixed = bytes(data[offset + _MSG_HEAD.size : end_head])
+    body = bytes(data[end_head:end])
+    if zlib.crc32(body, zlib.crc32(fixed, flags)) != crc:
+        raise RecordError("message checksum mismatch")
+    msg_id, ts, expires = _MSG_FIXED.unpack(fixed)
+    return Message(msg_id, ts, expires, body, bool(flags & FLAG_QUOTA)), end
+
+
+@dataclass(frozen=True)
+class Pos:
+    """A position in a message file: `msg` messages and `byte` bytes from its start."""
+
+    file: str
+    msg: int
+    byte: int
+
+    def text(self) -> str:
+        return f"{self.file},{self.msg},{self.byte}"
+
+
+@dataclass(frozen=True)
+class QueueState:
+    read: Pos
+    write: Pos
+    size: int
+    can_write: bool = True
+    suspended: bool = False
+    lsn: int = 0
+
+    def evolve(self, **changes: object) -> QueueState:
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+
+_FILE_ID = r"[A-Za-z0-9_-]{1,32}"
+_STATE = re.compile(
+    rf"^v(?P<v>\d+) read=(?P<rf>{_FILE_ID}),(?P<rm>\d+),(?P<rb>\d+) "
+    rf"write=(?P<wf>{_FILE_ID}),(?P<wm>\d+),(?P<wb>\d+) size=(?P<size>\d+) "
+    r"can_write=(?P<cw>[TF]) status=(?P<st>active|suspended) lsn=(?P<lsn>\d+)$"
+)
+
+
+def encode_state(state: QueueState) -> bytes:
+    text = (
+        f"v1 read={state.read.text()} write={state.write.text()} size={state.size} "
+        f"can_write={'T' if state.can_write else 'F'} "
+        f"status={'suspended' if state.suspended else 'active'} lsn={state.lsn}"
+    )
+    return f"{text} crc={zlib.crc32(text.encode()):08x}\n".encode()
+
+
+def decode_state(line: bytes) -> QueueState:
+    """One complete state line (with its newline); `RecordError` otherwise."""
+    if not line.endswith(b"\n"):
+        raise RecordError("torn state line")
+    try:
+        text, _, crc = line[:-1].decode().rpartition(" crc=")
+    except UnicodeDecodeError:
+        raise RecordError("state line is not text") from None
+    if not text or len(crc) != 8 or f"{zlib.crc32(text.encode()):08x}" != crc:
+        raise RecordError("state line checksum mismatch")
+    match = _STATE.match(text)
+    if match is None:
+        version = text.split(" ", 1)[0]
+        if (
+            version.startswith("v")
+            and version[1:].isdigit()
+            and int(version[1:]) not in STATE_VERSIONS
+        ):
+            raise RecordError(f"unknown state line version {version[1:]}")
+        raise RecordError("malformed state line")
+    g = match.group
+    return QueueState(
+        read=Pos(g("rf"), int(g("rm")), int(g("rb"))),
+        write=Pos(g("wf"), int(g("wm")), int(g("wb"))),
+        size=int(g("size")),
+        can_write=g("cw") == "T",
+        suspended=g("st") == "suspended",
+        lsn=int(g("lsn")),
+    )
+
+
+class Op(IntEnum):
+    WRITE = 1  # fields: u8 file id length | file id | message record
+    ACK = 2  # fields: 24-byte msg id | u8 expired
+    SUSPEND = 3  # no fields
+    DROP = 4  # no fields: the queue folder is removed (delete, or empty and closed)
+    CHECKPOINT = 9  # queue id empty; every queue's state on disk covers the lsns before it
+
+
+_LOG_FRAME = struct.Struct(">II")
+_LOG_HEAD = struct.Struct(">BBQB")
+
+
+@dataclass(frozen=True)
+class LogRecord:
+    op: Op
+    lsn: int
+    queue: str
+    file: str = ""
+    message: Message | None = None
+    msg_id: bytes = b""
+    expired: bool = False
+
+
+def encode_log(record: LogRecord) -> bytes:
+    queue = record.queue.encode()
+    payload = _LOG_HEAD.pack(1, record.op, record.lsn, len(queue)) + queue
+    if record.op is Op.WRITE:
+        assert record.message is not None
+        file = record.file.encode()
+        payload += bytes([len(file)]) + file + encode_message(record.message)
+    elif record.op is Op.ACK:
+        payload += record.msg_id + bytes([record.expired])
+    return _LOG_FRAME.pack(len(payload), zlib.crc32(payload)) + payload
+
+
+def decode_log(data: bytes | memoryview, offset: int) -> tuple[LogRecord, int]:
+    if len(data) < offset + _LOG_FRAME.size:
+        raise RecordError("torn log frame")
+    length, crc = _LOG_FRAME.unpack_from(data, offset)
+    start = offset + _LOG_FRAME.size
+    end = start + length
+    if length < _LOG_HEAD.size or len(data) < end:
+        raise RecordError("torn log record")
+    payload = bytes(data[start:end])
+    if zlib.crc32(payload) != crc:
+        raise RecordError("log record checksum mismatch")
+    version, op_code, lsn, qlen = _LOG_HEAD.unpack_from(payload)
+    if version not in LOG_VERSIONS:
+        raise RecordError(f"unknown log record version {version}")
+    try:
+        op = Op(op_code)
+    except ValueError:
+        raise RecordError(f"unknown log operation {op_code}") from None
+    at = _LOG_HEAD.size
+    queue = payload[at : at + qlen].decode()
+    at += qlen
+    if op is Op.WRITE:
+        flen = payload[at]
+        file = payload[at + 1 : at + 1 + flen].decode()
+        message, _ = decode_message(payload, at + 1 + flen)
+        return LogRecord(op, lsn, queue, file=file, message=message), end
+    if op is Op.ACK:
+        return LogRecord(
+            op,
+            lsn,
+            queue,
+            msg_id=payload[at : at + MSG_ID_BYTES],
+            expired=bool(payload[at + MSG_ID_BYTES]),
+        ), end
+    return LogRecord(op, lsn, queue), end

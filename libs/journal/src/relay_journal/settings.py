@@ -1,0 +1,41 @@
+"""The journal's one settings dataclass. Units are in the names."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+
+
+class FsyncPolicy(StrEnum):
+    ALWAYS = "always"
+    """A write returns only once it is durable (concurrent writers share one fsync)."""
+    BATCH = "batch"
+    """The log is fsynced every `batch_interval_ms`; a crash loses at most that window."""
+    NEVER = "never"
+    """The OS decides; only checkpoints fsync."""
+
+
+@dataclass(frozen=True)
+class JournalSettings:
+    root: Path
+    """Folder holding `queues/`, `wal/` and `layout.json`."""
+    path_fragments: tuple[int, ...] = (2, 2, 2, 2)
+    """Lengths of the leading queue-id fragments that become folders: `ab/cd/ef/gh/<rest>`."""
+    max_queue_messages: int = 128  # messages; the quota
+    max_file_messages: int = 256  # messages per message file before rotation (> the quota)
+    max_open_queues: int = 10_000  # queues with state in memory; idle ones beyond are closed
+    fsync: FsyncPolicy = FsyncPolicy.ALWAYS
+    batch_interval_ms: int = 10  # with FsyncPolicy.BATCH
+    wal_segment_bytes: int = 64 * 1024 * 1024  # 64 MiB; a checkpoint follows each full segment
+    state_compact_lines: int = 16  # queue.log lines before it is compacted to one
+    state_backups_keep: int = 3  # newest queue.<ts>.log backups always kept
+    state_backups_max_age_s: int = 7 * 24 * 3600  # older backups beyond the newest N are removed
+
+    def __post_init__(self) -> None:
+        if not 0 < self.max_queue_messages < self.max_file_messages:
+            raise ValueError("need 0 < max_queue_messages < max_file_messages")
+        if not self.path_fragments or any(n <= 0 for n in self.path_fragments):
+            raise ValueError("path_fragments must be positive lengths")
+        if self.max_open_queues < 1:
+            raise ValueError("max_open_queues must be at least 1")

@@ -1,0 +1,146 @@
+"""The write-ahead log in front of the per-queue files, with group commit.
+
+Invariants:
+- records are appended in lsn order and reach the OS (`os.write`) before the queue files are
+  touched, so after a process crash the log holds every change the queue files may show;
+- `sync_to(lsn)` returns once every record up to `lsn` is fdatasync'ed; concurrent callers share
+  one fdatasync (the caller that finds a sync running waits for it and for at most one more);
+- lsns are `generation << 40 | sequence`; each open starts a new generation (segment file names
+  carry it), so after a power loss that kept a queue file newer than the log, new records still
+  sort after anything that file claims;
+- segments before the last checkpoint are deleted only after the checkpoint is durable.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import structlog
+
+from relay_journal import records
+from relay_journal.layout import fsync_dir
+
+log = structlog.get_logger(__name__)
+
+WAL_DIR = "wal"
+_SEGMENT = re.compile(r"^wal-(\d{8})-(\d{8})\.log$")
+_SEQUENCE_BITS = 40
+
+
+def _segment_name(generation: int, number: int) -> str:
+    return f"wal-{generation:08d}-{number:08d}.log"
+
+
+def list_segments(root: Path) -> list[Path]:
+    folder = root / WAL_DIR
+    if not folder.exists():
+        return []
+    found = [
+        (tuple(map(int, m.groups())), folder / name)
+        for name in os.listdir(folder)
+        if (m := _SEGMENT.match(name))
+    ]
+    return [path for _, path in sorted(found)]
+
+
+def read_segments(paths: list[Path]) -> Iterator[tuple[records.LogRecord, Path, int]]:
+    """Every valid record in order; stops a segment at its first torn or corrupt record (the
+    tail of the last segment may be torn by a crash; anything after it was never acknowledged)."""
+    for path in paths:
+        data = path.read_bytes()
+        at = 0
+        while at < len(data):
+            try:
+                record, end = records.decode_log(data, at)
+            except records.RecordError as error:
+                log.warning(
+                    "wal_tail_ignored",
+                    segment=path.name,
+                    offset=at,
+                    bytes=len(data) - at,
+                    error=str(error),
+                )
+                break
+            yield record, path, at
+            at = end
+
+
+class Wal:
+    def __init__(self, root: Path, generation: int) -> None:
+        self.folder = root / WAL_DIR
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.generation = generation
+        self._segment_number = 0
+        self._sequence = 0
+        self._fd = -1
+        self._path: Path | None = None
+        self.segment_bytes = 0
+        self.written_lsn = 0
+        self.synced_lsn = 0
+        self._sync_lock = threading.Lock()
+        self._open_segment()
+
+    @property
+    def path(self) -> Path:
+        assert self._path is not None
+        return self._path
+
+    def _open_segment(self) -> None:
+        self._segment_number += 1
+        self._path = self.folder / _segment_name(self.generation, self._segment_number)
+        self._fd = os.open(self._path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        self.segment_bytes = 0
+        fsync_dir(self.folder)
+
+    def next_lsn(self) -> int:
+        self._sequence += 1
+        return (self.generation << _SEQUENCE_BITS) | self._sequence
+
+    def append(self, record: records.LogRecord) -> None:
+        data = records.encode_log(record)
+        os.write(self._fd, data)
+        self.segment_bytes += len(data)
+        self.written_lsn = record.lsn
+
+    def sync_to(self, lsn: int) -> None:
+        """Block until every record up to `lsn` is durable. Thread-safe."""
+        if self.synced_lsn >= lsn:
+            return
+        with self._sync_lock:
+            if self.synced_lsn >= lsn:
+                return
+            target = self.written_lsn
+            os.fdatasync(self._fd)
+            self.synced_lsn = max(self.synced_lsn, target)
+
+    def rotate(self) -> list[Path]:
+        """Start a new segment (after a checkpoint); returns the older segments to delete once
+        the checkpoint record in the new one is durable."""
+        with self._sync_lock:
+            os.fdatasync(self._fd)
+            self.synced_lsn = self.written_lsn
+            os.close(self._fd)
+            old = [p for p in list_segments(self.folder.parent)]
+            self._open_segment()
+        return old
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            with self._sync_lock:
+                os.fdatasync(self._fd)
+                self.synced_lsn = self.written_lsn
+                os.close(self._fd)
+                self._fd = -1
+
+
+def next_generation(root: Path) -> int:
+    segments = list_segments(root)
+    if not segments:
+        return 1
+    match = _SEGMENT.match(segments[-1].name)
+    assert match is not None
+    return int(match.group(1)) + 1
