@@ -23,7 +23,7 @@ class AsyncJournal:
         self.journal = QueueJournal(settings)
         self.journal.auto_sync = False
         self.settings = settings
-        self._waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self._round: asyncio.Future[None] | None = None
         self._syncer: asyncio.Task[None] | None = None
         self._batcher: asyncio.Task[None] | None = None
 
@@ -32,41 +32,48 @@ class AsyncJournal:
             self._batcher = asyncio.create_task(self._batch_loop(), name="journal-batch-sync")
 
     async def _batch_loop(self) -> None:
+        wal = self.journal.wal
         while True:
             await asyncio.sleep(self.settings.batch_interval_ms / 1000)
-            wal = self.journal.wal
             if wal.written_lsn > wal.synced_lsn:
-                await asyncio.to_thread(wal.sync_to, wal.written_lsn)
+                wal.flush()
+                await asyncio.to_thread(wal.fdatasync_to, wal.flushed_lsn)
 
     async def _durable(self, lsn: int) -> None:
-        if self.settings.fsync is not FsyncPolicy.ALWAYS or self.journal.wal.synced_lsn >= lsn:
+        wal = self.journal.wal
+        if self.settings.fsync is not FsyncPolicy.ALWAYS:
             return
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append((lsn, future))
-        if self._syncer is None or self._syncer.done():
-            self._syncer = asyncio.create_task(self._sync_loop(), name="journal-group-commit")
-        await future
+        while wal.synced_lsn < lsn:
+            # Join the next sync round; one round's fdatasync covers every record flushed
+            # before it starts, so all writers waiting on it are released together.
+            if self._round is None:
+                self._round = asyncio.get_running_loop().create_future()
+                if self._syncer is None or self._syncer.done():
+                    self._syncer = asyncio.create_task(
+                        self._sync_loop(), name="journal-group-commit"
+                    )
+            current = self._round
+            try:
+                await current  # shared by every writer of this round (no per-writer future)
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise
+                # Another writer's cancellation cancelled the shared round: wait again.
 
     async def _sync_loop(self) -> None:
         wal = self.journal.wal
-        while self._waiters:
-            target = wal.written_lsn
+        while self._round is not None:
+            current, self._round = self._round, None
+            wal.flush()  # on the loop thread: the log stays in lsn order
             try:
-                await asyncio.to_thread(wal.sync_to, target)
+                await asyncio.to_thread(wal.fdatasync_to, wal.flushed_lsn)
             except OSError as error:
-                waiters, self._waiters = self._waiters, []
-                for _, future in waiters:
-                    if not future.done():
-                        future.set_exception(error)
-                return
-            still: list[tuple[int, asyncio.Future[None]]] = []
-            for lsn, future in self._waiters:
-                if lsn <= wal.synced_lsn:
-                    if not future.done():
-                        future.set_result(None)
-                else:
-                    still.append((lsn, future))
-            self._waiters = still
+                if not current.done():
+                    current.set_exception(error)
+                continue
+            if not current.done():
+                current.set_result(None)
 
     async def write(
         self, queue_id: str, msg_id: bytes, body: bytes, *, ts_ms: int, expires_ms: int = 0

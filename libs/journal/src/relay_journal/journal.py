@@ -93,8 +93,10 @@ class QueueJournal:
 
     def _close_queue(self, queue_id: str) -> None:
         queue = self._open.pop(queue_id)
+        self.wal.flush()
         if queue.on_disk and queue.state.size == 0 and not queue.state.suspended:
             self._log(queue, LogRecord(Op.DROP, self.wal.next_lsn(), queue_id))
+            self.wal.flush()
             queue.remove()
             layout.remove_empty_parents(queue.folder.parent, self.root)
             return
@@ -170,6 +172,7 @@ class QueueJournal:
             )
             raise errors.QuotaExceeded(queue_id)
         message = Message(msg_id, ts_ms, expires_ms, body)
+        data = records.encode_message(message)
         return self._log(
             queue,
             LogRecord(
@@ -178,6 +181,7 @@ class QueueJournal:
                 queue_id,
                 file=self._target_file(queue),
                 message=message,
+                message_bytes=data,
             ),
         )
 
@@ -214,6 +218,7 @@ class QueueJournal:
         """Remove the queue's folder and everything in it."""
         queue = self._queue(queue_id)
         lsn = self._log(queue, LogRecord(Op.DROP, self.wal.next_lsn(), queue_id))
+        self.wal.flush()
         del self._open[queue_id]
         queue.remove()
         layout.remove_empty_parents(queue.folder.parent, self.root)
@@ -264,6 +269,7 @@ class QueueJournal:
     def checkpoint(self) -> None:
         """Write dirty state lines, flush the filesystem, start a new WAL segment, delete the
         old ones. After it, opening replays nothing written before it."""
+        self.wal.flush()
         for queue in self._open.values():
             queue.save_state(self.settings)
         _syncfs(self.root)

@@ -216,17 +216,18 @@ class OpenQueue:
         """Apply one logged change (live or during replay); sets `state.lsn`."""
         if record.op is records.Op.WRITE:
             assert record.message is not None
-            self._apply_write(record.message, record.file)
+            self._apply_write(record.message, record.file, record.message_bytes)
         elif record.op is records.Op.ACK:
             self._apply_ack(record.msg_id)
         elif record.op is records.Op.SUSPEND:
             self._ensure_folder()
-            self.state = self.state.evolve(suspended=True)
-        self.state = self.state.evolve(lsn=record.lsn)
+            self.state.suspended = True
+        self.state.lsn = record.lsn
 
-    def _apply_write(self, message: Message, file_id: str) -> None:
+    def _apply_write(self, message: Message, file_id: str, data: bytes) -> None:
         self._ensure_folder()
-        write = self.state.write
+        state = self.state
+        write = state.write
         if file_id != write.file:
             if self._write_fd >= 0:
                 os.close(self._write_fd)
@@ -234,20 +235,19 @@ class OpenQueue:
             write = Pos(file_id, 0, 0)
             # A replay may meet a torn file of that name: start it again.
             message_file(self.folder, file_id).unlink(missing_ok=True)
-            if self.state.size == 0:
+            if state.size == 0:
                 # Nothing left to read in the old file: read from the new one.
-                message_file(self.folder, self.state.read.file).unlink(missing_ok=True)
-                self.state = self.state.evolve(read=write)
+                message_file(self.folder, state.read.file).unlink(missing_ok=True)
+                state.read = write
                 self.head = None
-            self.state = self.state.evolve(write=write)
-        data = records.encode_message(message)
+            state.write = write
+        data = data or records.encode_message(message)
         # pwrite at the recorded position: bytes past it (a torn append) are overwritten.
         os.pwrite(self._writer(), data, write.byte)
-        self.state = self.state.evolve(
-            write=Pos(write.file, write.msg + 1, write.byte + len(data)),
-            size=self.state.size + 1,
-            can_write=self.state.can_write and not message.quota,
-        )
+        state.write = Pos(write.file, write.msg + 1, write.byte + len(data))
+        state.size += 1
+        if message.quota:
+            state.can_write = False
 
     def _apply_ack(self, msg_id: bytes) -> None:
         head = self.peek()
@@ -258,16 +258,15 @@ class OpenQueue:
         assert self.head is not None
         _, end = self.head
         self.head = None
-        read = self.state.read
-        size = self.state.size - 1
-        self.state = self.state.evolve(
-            read=Pos(read.file, read.msg + 1, end),
-            size=size,
-            can_write=self.state.can_write or size == 0,
-        )
-        if read.file != self.state.write.file and end >= self._read_file_size():
+        state = self.state
+        read = state.read
+        state.read = Pos(read.file, read.msg + 1, end)
+        state.size -= 1
+        if state.size == 0:
+            state.can_write = True
+        if read.file != state.write.file and end >= self._read_file_size():
             self._switch_read_file("acked the last message of the read file")
-        if size == 0:
+        if state.size == 0:
             self.close_files()
 
     # -- state file ------------------------------------------------------------------------

@@ -1,8 +1,11 @@
 """The write-ahead log in front of the per-queue files, with group commit.
 
 Invariants:
-- records are appended in lsn order and reach the OS (`os.write`) before the queue files are
-  touched, so after a process crash the log holds every change the queue files may show;
+- records are appended in lsn order to an in-memory buffer and handed to the OS (`os.write`,
+  always from the journal's thread, so in order) before a sync, before any state line is
+  written and before a folder is removed. Message bytes a queue file holds beyond its state
+  line's position are truncated on open, so a record lost from the buffer by a crash leaves no
+  trace;
 - `sync_to(lsn)` returns once every record up to `lsn` is fdatasync'ed; concurrent callers share
   one fdatasync (the caller that finds a sync running waits for it and for at most one more);
 - lsns are `generation << 40 | sequence`; each open starts a new generation (segment file names
@@ -29,6 +32,7 @@ log = structlog.get_logger(__name__)
 WAL_DIR = "wal"
 _SEGMENT = re.compile(r"^wal-(\d{8})-(\d{8})\.log$")
 _SEQUENCE_BITS = 40
+_FLUSH_BYTES = 1 << 20  # buffered log bytes that force an os.write even without a sync
 
 
 def _segment_name(generation: int, number: int) -> str:
@@ -80,7 +84,9 @@ class Wal:
         self._path: Path | None = None
         self.segment_bytes = 0
         self.written_lsn = 0
+        self.flushed_lsn = 0
         self.synced_lsn = 0
+        self._buffer = bytearray()
         self._sync_lock = threading.Lock()
         self._open_segment()
 
@@ -101,35 +107,56 @@ class Wal:
         return (self.generation << _SEQUENCE_BITS) | self._sequence
 
     def append(self, record: records.LogRecord) -> None:
+        """Buffer the record; `flush()` hands buffered records to the OS in order."""
         data = records.encode_log(record)
-        os.write(self._fd, data)
+        self._buffer += data
         self.segment_bytes += len(data)
         self.written_lsn = record.lsn
+        if len(self._buffer) >= _FLUSH_BYTES:
+            self.flush()
 
-    def sync_to(self, lsn: int) -> None:
-        """Block until every record up to `lsn` is durable. Thread-safe."""
+    def flush(self) -> None:
+        """`os.write` the buffer. Only ever called from the journal's thread, so the log keeps
+        lsn order; must run before any queue's state line or folder removal reaches disk."""
+        if self._buffer:
+            os.write(self._fd, self._buffer)
+            self._buffer.clear()
+        self.flushed_lsn = self.written_lsn
+
+    def fdatasync_to(self, lsn: int) -> None:
+        """Block until records up to `lsn` (already flushed) are durable. Thread-safe: concurrent
+        callers share one fdatasync."""
         if self.synced_lsn >= lsn:
             return
         with self._sync_lock:
             if self.synced_lsn >= lsn:
                 return
-            target = self.written_lsn
+            target = self.flushed_lsn
             os.fdatasync(self._fd)
             self.synced_lsn = max(self.synced_lsn, target)
+
+    def sync_to(self, lsn: int) -> None:
+        """Flush and fdatasync up to `lsn`; from the journal's thread only."""
+        if self.synced_lsn >= lsn:
+            return
+        self.flush()
+        self.fdatasync_to(self.flushed_lsn)
 
     def rotate(self) -> list[Path]:
         """Start a new segment (after a checkpoint); returns the older segments to delete once
         the checkpoint record in the new one is durable."""
+        self.flush()
         with self._sync_lock:
             os.fdatasync(self._fd)
             self.synced_lsn = self.written_lsn
             os.close(self._fd)
-            old = [p for p in list_segments(self.folder.parent)]
+            old = list_segments(self.folder.parent)
             self._open_segment()
         return old
 
     def close(self) -> None:
         if self._fd >= 0:
+            self.flush()
             with self._sync_lock:
                 os.fdatasync(self._fd)
                 self.synced_lsn = self.written_lsn

@@ -1,0 +1,193 @@
+"""Queue journal benchmark (issue 4).
+
+    .venv/bin/python bench/journal_bench.py [--queues 100] [--seconds 5] [--idle-queues 100000]
+
+Measures, in one run on this machine:
+- `raw_group_commit_per_s`: this disk's group-commit limit from Python: 256-byte os.write
+  appends to one file with fdatasync every 100 appends;
+- `durable_appends_per_s`: journal writes of 256-byte bodies under FsyncPolicy.ALWAYS (each
+  write returns once durable) from `--queues` concurrently written queues (one asyncio writer
+  task per queue), and `ratio` = durable / raw;
+- latency percentiles of those durable writes;
+- `deliver_ack_per_s`: peek + ack (durable) of what was written, same concurrency;
+- `rss_mb_100k_idle_queues`: resident-memory growth of a fresh process after creating
+  `--idle-queues` queues with 3 messages each and closing the idle ones;
+- `open_s_100k`: time to open the journal holding them, in a fresh process.
+The last line is a JSON summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import secrets
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+from relay_journal.aio import AsyncJournal
+from relay_journal.journal import QueueJournal
+from relay_journal.settings import FsyncPolicy, JournalSettings
+
+BODY = b"x" * 256
+
+
+def queue_id() -> str:
+    return secrets.token_urlsafe(24)
+
+
+def raw_group_commit(folder: Path, seconds: float) -> float:
+    path = folder / "raw.log"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    n, deadline = 0, time.perf_counter() + seconds
+    started = time.perf_counter()
+    while time.perf_counter() < deadline:
+        for _ in range(100):
+            os.write(fd, BODY)
+        os.fdatasync(fd)
+        n += 100
+    elapsed = time.perf_counter() - started
+    os.close(fd)
+    path.unlink()
+    return n / elapsed
+
+
+async def durable_appends(root: Path, queues: int, seconds: float) -> dict[str, float]:
+    journal = AsyncJournal(JournalSettings(root=root, max_queue_messages=10**6 - 1, max_file_messages=10**6))
+    await journal.start()
+    ids = [queue_id() for _ in range(queues)]
+    latencies: list[float] = []
+    stop = time.perf_counter() + seconds
+
+    async def writer(qid: str) -> int:
+        count = 0
+        while time.perf_counter() < stop:
+            t0 = time.perf_counter()
+            await journal.write(qid, secrets.token_bytes(24), BODY, ts_ms=int(time.time() * 1000))
+            latencies.append(time.perf_counter() - t0)
+            count += 1
+        return count
+
+    started = time.perf_counter()
+    written = sum(await asyncio.gather(*(writer(q) for q in ids)))
+    elapsed = time.perf_counter() - started
+
+    async def drainer(qid: str) -> int:
+        count = 0
+        while (message := journal.peek(qid)) is not None:
+            await journal.ack(qid, message.msg_id)
+            count += 1
+        return count
+
+    started = time.perf_counter()
+    delivered = sum(await asyncio.gather(*(drainer(q) for q in ids)))
+    drain_elapsed = time.perf_counter() - started
+    await journal.close()
+    latencies.sort()
+    return {
+        "durable_appends_per_s": written / elapsed,
+        "append_p50_ms": latencies[len(latencies) // 2] * 1000,
+        "append_p99_ms": latencies[int(len(latencies) * 0.99)] * 1000,
+        "deliver_ack_per_s": delivered / drain_elapsed,
+        "written": written,
+    }
+
+
+def idle_child(root: str, count: int) -> None:
+    """Run in a fresh process: create `count` queues x 3 messages, close idle, report RSS."""
+    process = psutil.Process()
+    settings = JournalSettings(root=Path(root), fsync=FsyncPolicy.NEVER, max_open_queues=1000)
+    before = process.memory_info().rss
+    journal = QueueJournal(settings)
+    started = time.perf_counter()
+    for _ in range(count):
+        qid = queue_id()
+        for _ in range(3):
+            journal.write(qid, secrets.token_bytes(24), BODY, ts_ms=int(time.time() * 1000))
+    journal.close_idle(0)
+    create_s = time.perf_counter() - started
+    after = process.memory_info().rss
+    journal.close()
+    print(json.dumps({"rss_mb": (after - before) / 2**20, "create_s": create_s, "open_queues": journal.open_queues}))
+
+
+def open_child(root: str) -> None:
+    started = time.perf_counter()
+    journal = QueueJournal(JournalSettings(root=Path(root)))
+    opened = time.perf_counter() - started
+    journal.close()
+    print(json.dumps({"open_s": opened}))
+
+
+def run_child(*args: str) -> dict[str, float]:
+    out = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, check=True)
+    result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--queues", type=int, default=100)
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--idle-queues", type=int, default=100_000)
+    parser.add_argument("--dir", type=Path, default=None, help="where to write (default: a temp dir under ./var)")
+    parser.add_argument("--child-idle", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--child-open", nargs=1, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child_idle:
+        idle_child(args.child_idle[0], int(args.child_idle[1]))
+        return
+    if args.child_open:
+        open_child(args.child_open[0])
+        return
+
+    base = args.dir or Path("var")
+    base.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="journal-bench-", dir=base))
+    try:
+        raws = [raw_group_commit(work, args.seconds / 2) for _ in range(2)]
+        raw = statistics.median(raws)
+        durable = asyncio.run(durable_appends(work / "durable", args.queues, args.seconds))
+        raw_after = raw_group_commit(work, args.seconds / 2)
+        raw = statistics.median([*raws, raw_after])
+        idle = {"rss_mb": None, "create_s": None}
+        opened = {"open_s": None}
+        if args.idle_queues:
+            idle = run_child("--child-idle", str(work / "idle"), str(args.idle_queues))
+            opened = run_child("--child-open", str(work / "idle"))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    summary = {
+        "benchmark": "journal",
+        "queues": args.queues,
+        "body_bytes": len(BODY),
+        "raw_group_commit_per_s": round(raw),
+        "durable_appends_per_s": round(durable["durable_appends_per_s"]),
+        "ratio": round(durable["durable_appends_per_s"] / raw, 3),
+        "append_p50_ms": round(durable["append_p50_ms"], 3),
+        "append_p99_ms": round(durable["append_p99_ms"], 3),
+        "deliver_ack_per_s": round(durable["deliver_ack_per_s"]),
+        "idle_queues": args.idle_queues,
+        "rss_mb_100k_idle_queues": idle["rss_mb"] and round(idle["rss_mb"], 1),
+        "create_s_idle_queues": idle["create_s"] and round(idle["create_s"], 1),
+        "open_s_100k": opened["open_s"] and round(opened["open_s"], 3),
+        "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cpu",
+        "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False).stdout.strip(),
+    }
+    for key, value in summary.items():
+        print(f"{key:>26}: {value}")
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()
