@@ -250,6 +250,30 @@ class QueueJournal:
                 if dropped:
                     yield queue_id, dropped
 
+    def messages(self, queue_id: str) -> list[Message]:
+        """The queue's messages in order, without delivering or acknowledging any."""
+        return self._queue(queue_id).messages()
+
+    def check(self) -> list[str]:
+        """Integrity check of every queue on disk (opens each; repairs what loading repairs):
+        every message readable, the count equal to the recorded size. Returns the problems."""
+        problems: list[str] = []
+        for fragments in {self.layout.current, self.layout.fragments_for_new}:
+            for queue_id, _ in layout.iter_queue_dirs(self.root, fragments):
+                was_open = queue_id in self._open
+                try:
+                    queue = self._queue(queue_id)
+                    found = len(queue.messages())
+                    if found != queue.state.size:
+                        problems.append(
+                            f"{queue_id}: {found} messages, size says {queue.state.size}"
+                        )
+                except (records.RecordError, OSError, errors.JournalError) as error:
+                    problems.append(f"{queue_id}: {error}")
+                if not was_open and queue_id in self._open:
+                    self._close_queue(queue_id)
+        return problems
+
     def size(self, queue_id: str) -> int:
         return self._queue(queue_id).state.size
 

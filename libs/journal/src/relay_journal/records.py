@@ -145,6 +145,8 @@ def decode_state(line: bytes) -> QueueState:
             raise RecordError(f"unknown state line version {version[1:]}")
         raise RecordError("malformed state line")
     g = match.group
+    if int(g("v")) not in STATE_VERSIONS:
+        raise RecordError(f"unknown state line version {g('v')}")
     return QueueState(
         read=Pos(g("rf"), int(g("rm")), int(g("rb"))),
         write=Pos(g("wf"), int(g("wm")), int(g("wb"))),

@@ -1,0 +1,78 @@
+"""Crash tests: a child writing and acking is SIGKILLed at random moments (50 kill points per
+case, 4 cases: 200 per run); after each kill the journal reopens with every acknowledged write
+present, in order, and nothing acknowledged as acked comes back."""
+
+from __future__ import annotations
+
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from relay_journal.journal import QueueJournal
+from tests.helpers import ROOT
+from tests.journal import crash_child
+
+KILLS_PER_CASE = 50
+
+
+def _run_until_killed(root: Path, seed: int, rng: random.Random) -> list[str]:
+    child = subprocess.Popen(
+        [sys.executable, "-m", "tests.journal.crash_child", str(root), str(seed)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert child.stdout is not None
+    assert child.stdout.readline() == "ready\n"
+    time.sleep(rng.uniform(0.0, 0.25))
+    child.send_signal(signal.SIGKILL)
+    out, _ = child.communicate()
+    return out.splitlines()
+
+
+@pytest.mark.parametrize("case", range(4))
+def test_acknowledged_writes_survive_sigkill(tmp_path: Path, case: int) -> None:
+    rng = random.Random(case)
+    root = tmp_path / "journal"
+    present: dict[str, list[int]] = {q: [] for q in crash_child.QUEUES}
+    for kill in range(KILLS_PER_CASE):
+        lines = _run_until_killed(root, case * 1000 + kill + 1, rng)
+        expected = {q: list(ids) for q, ids in present.items()}
+        in_flight: dict[str, tuple[str, int]] = {}
+        for line in lines:
+            parts = line.split()
+            if len(parts) != 3:
+                continue  # the last line may be cut by the kill
+            op, queue, n = parts[0], parts[1], int(parts[2])
+            if op in ("w", "a"):
+                in_flight[queue] = (op, n)
+            elif op == "W":
+                expected[queue].append(n)
+                in_flight.pop(queue, None)
+            elif op == "A":
+                assert expected[queue][0] == n, "the child acked something that was not the head"
+                expected[queue].pop(0)
+                in_flight.pop(queue, None)
+
+        journal = QueueJournal(crash_child.settings(root))
+        try:
+            assert journal.check() == []
+            for queue in crash_child.QUEUES:
+                actual = [int.from_bytes(m.msg_id, "big") for m in journal.messages(queue)]
+                want = expected[queue]
+                allowed = [want]
+                op, n = in_flight.get(queue, ("", 0))
+                if op == "w":
+                    allowed.append([*want, n])
+                elif op == "a" and want and want[0] == n:
+                    allowed.append(want[1:])
+                assert actual in allowed, f"kill {kill}, queue {queue}: {actual} not in {allowed}"
+                present[queue] = actual
+        finally:
+            journal.close()
