@@ -80,7 +80,9 @@ class JournalMachine(RuleBasedStateMachine):
                 model.messages.append((mid(self.counter), b"", 0, True))
                 model.can_write = False
             return
-        assert not model.suspended and model.can_write and len(model.messages) < QUOTA
+        assert not model.suspended
+        assert model.can_write
+        assert len(model.messages) < QUOTA
         model.messages.append((mid(self.counter), body, expires, False))
 
     @rule(queue=st.sampled_from(QUEUES))
@@ -113,7 +115,8 @@ class JournalMachine(RuleBasedStateMachine):
         except errors.NoMessage:
             assert not (model.messages and right)
             return
-        assert model.messages and right
+        assert model.messages
+        assert right
         self._pop(model)
 
     @rule(step=st.integers(1, 30))
@@ -187,5 +190,5 @@ class JournalMachine(RuleBasedStateMachine):
                 assert not any(p.exists() for p in self.journal.layout.paths(self.dir, queue))
 
 
-JournalMachine.TestCase.settings = hsettings(max_examples=60, stateful_step_count=40, deadline=None)
+JournalMachine.TestCase.settings = hsettings(max_examples=150, stateful_step_count=40, deadline=None)
 TestJournalModel = JournalMachine.TestCase

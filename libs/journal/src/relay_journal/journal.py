@@ -134,14 +134,17 @@ class QueueJournal:
     # -- operations ------------------------------------------------------------------------
 
     def create(self, queue_id: str) -> None:
-        """Check the id and that no queue folder exists. Nothing is written: a queue's folder
-        appears with its first message (or suspension), and the queue records are the store
-        log's (issue 5)."""
+        """Check the id and that the queue holds nothing (an empty, active queue is the same as
+        none). Nothing is written: a queue's folder appears with its first message (or its
+        suspension), and the queue records themselves are the store log's (issue 5)."""
         layout.validate_queue_id(queue_id, self.settings.path_fragments)
-        if queue_id in self._open and self._open[queue_id].on_disk:
-            raise errors.QueueExists(queue_id)
-        if any((p / layout.STATE_FILE).exists() for p in self.layout.paths(self.root, queue_id)):
-            raise errors.QueueExists(queue_id)
+        known = queue_id in self._open or any(
+            (p / layout.STATE_FILE).exists() for p in self.layout.paths(self.root, queue_id)
+        )
+        if known:
+            state = self._queue(queue_id).state
+            if state.size or state.suspended:
+                raise errors.QueueExists(queue_id)
 
     def write(
         self, queue_id: str, msg_id: bytes, body: bytes, *, ts_ms: int, expires_ms: int = 0
@@ -339,4 +342,6 @@ class QueueJournal:
             except (errors.CorruptJournal, OSError) as error:
                 raise errors.CorruptJournal(f"{path.name} at byte {offset}: {error}") from None
             applied += 1
+        # Queues opened for the replay are closed again: the store opens with none in memory.
+        self.close_idle(0)
         log.info("journal_replayed", segments=len(segments), records=count, applied=applied)
