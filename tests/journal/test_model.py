@@ -190,5 +190,7 @@ class JournalMachine(RuleBasedStateMachine):
                 assert not any(p.exists() for p in self.journal.layout.paths(self.dir, queue))
 
 
-JournalMachine.TestCase.settings = hsettings(max_examples=150, stateful_step_count=40, deadline=None)
+JournalMachine.TestCase.settings = hsettings(
+    max_examples=150, stateful_step_count=40, deadline=None
+)
 TestJournalModel = JournalMachine.TestCase
