@@ -62,7 +62,9 @@ def raw_group_commit(folder: Path, seconds: float) -> float:
 
 
 async def durable_appends(root: Path, queues: int, seconds: float) -> dict[str, float]:
-    journal = AsyncJournal(JournalSettings(root=root, max_queue_messages=10**6 - 1, max_file_messages=10**6))
+    journal = AsyncJournal(
+        JournalSettings(root=root, max_queue_messages=10**6 - 1, max_file_messages=10**6)
+    )
     await journal.start()
     ids = [queue_id() for _ in range(queues)]
     latencies: list[float] = []
@@ -117,7 +119,15 @@ def idle_child(root: str, count: int) -> None:
     create_s = time.perf_counter() - started
     after = process.memory_info().rss
     journal.close()
-    print(json.dumps({"rss_mb": (after - before) / 2**20, "create_s": create_s, "open_queues": journal.open_queues}))
+    print(
+        json.dumps(
+            {
+                "rss_mb": (after - before) / 2**20,
+                "create_s": create_s,
+                "open_queues": journal.open_queues,
+            }
+        )
+    )
 
 
 def open_child(root: str) -> None:
@@ -129,7 +139,9 @@ def open_child(root: str) -> None:
 
 
 def run_child(*args: str) -> dict[str, float]:
-    out = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, __file__, *args], capture_output=True, text=True, check=True
+    )
     result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
 
@@ -139,7 +151,9 @@ def main() -> None:
     parser.add_argument("--queues", type=int, default=100)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--idle-queues", type=int, default=100_000)
-    parser.add_argument("--dir", type=Path, default=None, help="where to write (default: a temp dir under ./var)")
+    parser.add_argument(
+        "--dir", type=Path, default=None, help="where to write (default: a temp dir under ./var)"
+    )
     parser.add_argument("--child-idle", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--child-open", nargs=1, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -182,7 +196,9 @@ def main() -> None:
         "create_s_idle_queues": idle["create_s"] and round(idle["create_s"], 1),
         "open_s_100k": opened["open_s"] and round(opened["open_s"], 3),
         "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cpu",
-        "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False).stdout.strip(),
+        "commit": subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+        ).stdout.strip(),
     }
     for key, value in summary.items():
         print(f"{key:>26}: {value}")

@@ -260,3 +260,34 @@ def test_group_commit_shares_fsyncs(root: Path) -> None:
         return calls
 
     assert asyncio.run(run()) < 50
+
+
+def test_relayctl_journal_migrate_and_check(root: Path) -> None:
+    import subprocess
+
+    from tests.helpers import BIN
+
+    journal = QueueJournal(small(root))
+    journal.write(Q, mid(1), b"a", ts_ms=1)
+    journal.close()
+    run = [str(BIN / "relayctl"), "journal"]
+    out = subprocess.run(
+        [*run, "migrate", "--root", str(root), "--to", "4,4"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "moved 1 queues; finished" in out.stdout
+    assert (root / "queues" / Q[:4] / Q[4:8] / Q[8:]).is_dir()
+    out = subprocess.run(
+        [*run, "check", "--root", str(root)], capture_output=True, text=True, check=False
+    )
+    assert out.returncode == 0
+    assert "0 problems" in out.stdout
+    bad = subprocess.run(
+        [*run, "migrate", "--root", str(root), "--to", "x"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert bad.returncode == 2

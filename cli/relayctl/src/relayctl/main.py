@@ -10,10 +10,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from relayctl import processes, state, suite
+from relayctl import journal_commands, processes, state, suite
 
 app = typer.Typer(help="Run and inspect a Relay suite.", no_args_is_help=True, add_completion=False)
 console = Console()
+app.add_typer(journal_commands.app, name="journal")
 
 DataDir = Annotated[Path, typer.Option("--data-dir", help="Where the suite keeps its data.")]
 
