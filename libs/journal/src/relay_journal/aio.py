@@ -39,6 +39,12 @@ class AsyncJournal:
                 wal.flush()
                 await asyncio.to_thread(wal.fdatasync_to, wal.flushed_lsn)
 
+    async def durable(self, lsn: int) -> None:
+        """Wait until the log is durable up to `lsn`. For callers that apply a batch of changes
+        through `self.journal` (as the queue-writer applies a batch of Kafka commands) and wait
+        once: the batch shares the fsync rounds without one await per change."""
+        await self._durable(lsn)
+
     async def _durable(self, lsn: int) -> None:
         wal = self.journal.wal
         if self.settings.fsync is not FsyncPolicy.ALWAYS:

@@ -125,11 +125,14 @@ class QueueJournal:
         self.wal.append(record)
         if record.op is not Op.DROP:
             queue.apply(record)
+        self._after_log(record.lsn)
+        return record.lsn
+
+    def _after_log(self, lsn: int) -> None:
         if self.wal.segment_bytes >= self.settings.wal_segment_bytes:
             self.checkpoint()
         elif self.auto_sync and self.settings.fsync is FsyncPolicy.ALWAYS:
-            self.wal.sync_to(record.lsn)
-        return record.lsn
+            self.wal.sync_to(lsn)
 
     # -- operations ------------------------------------------------------------------------
 
@@ -150,43 +153,40 @@ class QueueJournal:
         self, queue_id: str, msg_id: bytes, body: bytes, *, ts_ms: int, expires_ms: int = 0
     ) -> int:
         """Append a message; returns its lsn. At the quota the first refusal appends the quota
-        marker; refusals raise `QuotaExceeded` or `QueueSuspended`."""
+        marker; refusals raise `QuotaExceeded` or `QueueSuspended`.
+
+        The hot path of the engine: it encodes the message once and the log record from it,
+        with no intermediate record object (a replay of the record goes through `apply`)."""
         if len(msg_id) != records.MSG_ID_BYTES:
             raise ValueError("msg_id must be 24 bytes")
         if len(body) > records.MAX_BODY_BYTES:
             raise ValueError("body too large")
-        queue = self._queue(queue_id)
+        queue = self._open.get(queue_id)
+        if queue is None:
+            queue = self._queue(queue_id)
+        else:
+            self._open.move_to_end(queue_id)
         state = queue.state
         if state.suspended:
             raise errors.QueueSuspended(queue_id)
         if not state.can_write:
             raise errors.QuotaExceeded(queue_id)
-        if state.size >= self.settings.max_queue_messages:
-            marker = Message(msg_id, ts_ms, 0, b"", quota=True)
-            self._log(
-                queue,
-                LogRecord(
-                    Op.WRITE,
-                    self.wal.next_lsn(),
-                    queue_id,
-                    file=self._target_file(queue),
-                    message=marker,
-                ),
-            )
-            raise errors.QuotaExceeded(queue_id)
-        message = Message(msg_id, ts_ms, expires_ms, body)
-        data = records.encode_message(message)
-        return self._log(
-            queue,
-            LogRecord(
-                Op.WRITE,
-                self.wal.next_lsn(),
-                queue_id,
-                file=self._target_file(queue),
-                message=message,
-                message_bytes=data,
-            ),
+        quota = state.size >= self.settings.max_queue_messages
+        message = (
+            Message(msg_id, ts_ms, 0, b"", True)
+            if quota
+            else Message(msg_id, ts_ms, expires_ms, body)
         )
+        data = records.encode_message(message)
+        file = self._target_file(queue)
+        wal = self.wal
+        lsn = wal.next_lsn()
+        wal.append_bytes(lsn, records.encode_write_log(lsn, queue.id_bytes, file.encode(), data))
+        queue.append(message, file, data, lsn)
+        self._after_log(lsn)
+        if quota:
+            raise errors.QuotaExceeded(queue_id)
+        return lsn
 
     def _target_file(self, queue: OpenQueue) -> str:
         write = queue.state.write

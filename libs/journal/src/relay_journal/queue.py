@@ -49,6 +49,7 @@ class OpenQueue:
         self, queue_id: str, folder: Path, state: QueueState, *, on_disk: bool, state_lines: int
     ) -> None:
         self.id = queue_id
+        self.id_bytes = queue_id.encode()
         self.folder = folder
         self.state = state
         self.on_disk = on_disk
@@ -245,6 +246,20 @@ class OpenQueue:
             self._ensure_folder()
             self.state.suspended = True
         self.state.lsn = record.lsn
+
+    def append(self, message: Message, file_id: str, data: bytes, lsn: int) -> None:
+        """The live write path: `apply` of a WRITE record without building the record."""
+        state = self.state
+        write = state.write
+        if not self.on_disk or file_id != write.file or self._write_fd < 0:
+            self._apply_write(message, file_id, data)
+        else:
+            os.pwrite(self._write_fd, data, write.byte)
+            state.write = Pos(file_id, write.msg + 1, write.byte + len(data))
+            state.size += 1
+            if message.quota:
+                state.can_write = False
+        state.lsn = lsn
 
     def _apply_write(self, message: Message, file_id: str, data: bytes) -> None:
         self._ensure_folder()

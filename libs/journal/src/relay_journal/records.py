@@ -194,6 +194,21 @@ def encode_log(record: LogRecord) -> bytes:
     return _LOG_FRAME.pack(len(payload), zlib.crc32(payload)) + payload
 
 
+def encode_write_log(lsn: int, queue: bytes, file: bytes, message_bytes: bytes) -> bytes:
+    """`encode_log` of a WRITE record from already-encoded parts (the write path's fast form;
+    the bytes are identical)."""
+    payload = b"".join(
+        (
+            _LOG_HEAD.pack(1, Op.WRITE, lsn, len(queue)),
+            queue,
+            bytes((len(file),)),
+            file,
+            message_bytes,
+        )
+    )
+    return _LOG_FRAME.pack(len(payload), zlib.crc32(payload)) + payload
+
+
 def decode_log(data: bytes | memoryview, offset: int) -> tuple[LogRecord, int]:
     if len(data) < offset + _LOG_FRAME.size:
         raise RecordError("torn log frame")

@@ -115,6 +115,14 @@ class Wal:
         if len(self._buffer) >= _FLUSH_BYTES:
             self.flush()
 
+    def append_bytes(self, lsn: int, data: bytes) -> None:
+        """`append` of an already-encoded record (see `records.encode_write_log`)."""
+        self._buffer += data
+        self.segment_bytes += len(data)
+        self.written_lsn = lsn
+        if len(self._buffer) >= _FLUSH_BYTES:
+            self.flush()
+
     def flush(self) -> None:
         """`os.write` the buffer. Only ever called from the journal's thread, so the log keeps
         lsn order; must run before any queue's state line or folder removal reaches disk."""
