@@ -114,7 +114,8 @@ def test_empty_queues_leave_no_files(root: Path) -> None:
     drain(journal, Q)
     assert journal.open_files == 0  # an empty queue holds no open file
     journal.close()
-    assert not (root / layout.QUEUES_DIR / "sm").exists()
+    assert not _folder(journal).exists()
+    assert not [p for p in (root / layout.QUEUES_DIR).rglob("*") if p.is_file()]
 
 
 def test_quota_marker_then_refusals_until_drained(root: Path) -> None:

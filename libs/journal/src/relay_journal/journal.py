@@ -98,7 +98,6 @@ class QueueJournal:
             self._log(queue, LogRecord(Op.DROP, self.wal.next_lsn(), queue_id))
             self.wal.flush()
             queue.remove()
-            layout.remove_empty_parents(queue.folder.parent, self.root)
             return
         queue.save_state(self.settings)
         queue.close_files()
@@ -224,7 +223,6 @@ class QueueJournal:
         self.wal.flush()
         del self._open[queue_id]
         queue.remove()
-        layout.remove_empty_parents(queue.folder.parent, self.root)
         return lsn
 
     def expire(self, queue_id: str, now_ms: int) -> int:
@@ -333,7 +331,6 @@ class QueueJournal:
             if record.op is Op.DROP:
                 del self._open[record.queue]
                 queue.remove()
-                layout.remove_empty_parents(queue.folder.parent, self.root)
                 continue
             if queue.state.lsn >= record.lsn or queue.rebuilt:
                 continue

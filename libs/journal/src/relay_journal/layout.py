@@ -151,10 +151,6 @@ def _remove_empty_parents(folder: Path, stop: Path) -> None:
         folder = folder.parent
 
 
-def remove_empty_parents(folder: Path, root: Path) -> None:
-    _remove_empty_parents(folder, root / QUEUES_DIR)
-
-
 def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:

@@ -343,6 +343,8 @@ class OpenQueue:
         self.written_lsn = self.state.lsn
 
     def remove(self) -> None:
+        """Remove the queue's folder. The fragment folders above it stay: they are shared, cost
+        no file, and removing them would cost four rmdirs per emptied queue."""
         self.close_files()
         shutil.rmtree(self.folder, ignore_errors=True)
         self.on_disk = False
