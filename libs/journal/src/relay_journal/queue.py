@@ -207,25 +207,18 @@ class OpenQueue:
         """A record at the read position cannot be read: lose the rest of that file (and say so)
         rather than stop serving the queue."""
         read, write = self.state.read, self.state.write
-        if read.file != write.file:
-            log.warning(
-                "unreadable_messages_dropped",
-                queue=self.id,
-                file=read.file,
-                offset=read.byte,
-                error=error,
-            )
-            self._switch_read_file("unreadable record")
-            return
-        lost = write.msg - read.msg
+        other_file = read.file != write.file
         log.warning(
             "unreadable_messages_dropped",
             queue=self.id,
             file=read.file,
             offset=read.byte,
-            messages=lost,
+            messages=None if other_file else write.msg - read.msg,
             error=error,
         )
+        if other_file:
+            self._switch_read_file("unreadable record")
+            return
         if self._write_fd >= 0:
             os.ftruncate(self._write_fd, read.byte)
         else:
