@@ -177,7 +177,11 @@ class QueueJournal:
             else Message(msg_id, ts_ms, expires_ms, body)
         )
         data = records.encode_message(message)
-        file = self._target_file(queue)
+        write = state.write
+        if write.msg >= self.settings.max_file_messages or (state.size == 0 and write.msg > 0):
+            file = new_file_id()  # rotate; an emptied queue also starts a fresh file
+        else:
+            file = write.file
         wal = self.wal
         lsn = wal.next_lsn()
         wal.append_bytes(lsn, records.encode_write_log(lsn, queue.id_bytes, file.encode(), data))
@@ -186,14 +190,6 @@ class QueueJournal:
         if quota:
             raise errors.QuotaExceeded(queue_id)
         return lsn
-
-    def _target_file(self, queue: OpenQueue) -> str:
-        write = queue.state.write
-        if write.msg >= self.settings.max_file_messages or (
-            queue.state.size == 0 and write.msg > 0
-        ):
-            return new_file_id()  # rotate; an emptied queue also starts a fresh file
-        return write.file
 
     def peek(self, queue_id: str, *, now_ms: int | None = None) -> Message | None:
         """The head message (cached after the first read), dropping expired ones first."""

@@ -194,12 +194,15 @@ def encode_log(record: LogRecord) -> bytes:
     return _LOG_FRAME.pack(len(payload), zlib.crc32(payload)) + payload
 
 
+_WRITE_OP = int(Op.WRITE)
+
+
 def encode_write_log(lsn: int, queue: bytes, file: bytes, message_bytes: bytes) -> bytes:
     """`encode_log` of a WRITE record from already-encoded parts (the write path's fast form;
     the bytes are identical)."""
     payload = b"".join(
         (
-            _LOG_HEAD.pack(1, Op.WRITE, lsn, len(queue)),
+            _LOG_HEAD.pack(1, _WRITE_OP, lsn, len(queue)),
             queue,
             bytes((len(file),)),
             file,
