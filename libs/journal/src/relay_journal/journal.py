@@ -27,6 +27,7 @@ from pathlib import Path
 
 import structlog
 
+from relay_durable.appendlog import fsync_dir
 from relay_journal import errors, layout, records
 from relay_journal.queue import OpenQueue, new_file_id
 from relay_journal.records import LogRecord, Message, Op
@@ -299,7 +300,7 @@ class QueueJournal:
         self.wal.sync_to(self.wal.written_lsn)
         for path in old:
             path.unlink(missing_ok=True)
-        layout.fsync_dir(self.wal.folder)
+        fsync_dir(self.wal.folder)
 
     def close(self) -> None:
         for queue_id in list(self._open):

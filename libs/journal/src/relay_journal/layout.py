@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from relay_durable.appendlog import fsync_dir
 from relay_journal import errors
 
 _ID = re.compile(r"^[A-Za-z0-9_-]+$")
@@ -149,11 +150,3 @@ def _remove_empty_parents(folder: Path, stop: Path) -> None:
         except OSError:
             return
         folder = folder.parent
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

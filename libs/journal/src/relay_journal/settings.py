@@ -3,17 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 
+from relay_durable.policy import FsyncPolicy
 
-class FsyncPolicy(StrEnum):
-    ALWAYS = "always"
-    """A write returns only once it is durable (concurrent writers share one fsync)."""
-    BATCH = "batch"
-    """The log is fsynced every `batch_interval_ms`; a crash loses at most that window."""
-    NEVER = "never"
-    """The OS decides; only checkpoints fsync."""
+__all__ = ["FsyncPolicy", "JournalSettings"]
 
 
 @dataclass(frozen=True)

@@ -18,21 +18,19 @@ from __future__ import annotations
 
 import os
 import re
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import structlog
 
+from relay_durable.appendlog import AppendLog
 from relay_journal import records
-from relay_journal.layout import fsync_dir
 
 log = structlog.get_logger(__name__)
 
 WAL_DIR = "wal"
 _SEGMENT = re.compile(r"^wal-(\d{8})-(\d{8})\.log$")
 _SEQUENCE_BITS = 40
-_FLUSH_BYTES = 1 << 20  # buffered log bytes that force an os.write even without a sync
 
 
 def _segment_name(generation: int, number: int) -> str:
@@ -74,102 +72,61 @@ def read_segments(paths: list[Path]) -> Iterator[tuple[records.LogRecord, Path, 
 
 
 class Wal:
+    """The journal's segmented log: lsn generation and segment files over one `AppendLog`."""
+
     def __init__(self, root: Path, generation: int) -> None:
         self.folder = root / WAL_DIR
         self.folder.mkdir(parents=True, exist_ok=True)
         self.generation = generation
-        self._segment_number = 0
+        self._segment_number = 1
         self._sequence = 0
-        self._fd = -1
-        self._path: Path | None = None
-        self.segment_bytes = 0
-        self.written_lsn = 0
-        self.flushed_lsn = 0
-        self.synced_lsn = 0
-        self._buffer = bytearray()
-        self._sync_lock = threading.Lock()
-        self._open_segment()
+        self.file = AppendLog(self.folder / _segment_name(generation, 1))
 
     @property
     def path(self) -> Path:
-        assert self._path is not None
-        return self._path
+        return self.file.path
 
-    def _open_segment(self) -> None:
-        self._segment_number += 1
-        self._path = self.folder / _segment_name(self.generation, self._segment_number)
-        self._fd = os.open(self._path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        self.segment_bytes = 0
-        fsync_dir(self.folder)
+    @property
+    def written_lsn(self) -> int:
+        return self.file.written
+
+    @property
+    def synced_lsn(self) -> int:
+        return self.file.synced
+
+    @property
+    def segment_bytes(self) -> int:
+        return self.file.file_bytes
 
     def next_lsn(self) -> int:
         self._sequence += 1
         return (self.generation << _SEQUENCE_BITS) | self._sequence
 
     def append(self, record: records.LogRecord) -> None:
-        """Buffer the record; `flush()` hands buffered records to the OS in order."""
-        data = records.encode_log(record)
-        self._buffer += data
-        self.segment_bytes += len(data)
-        self.written_lsn = record.lsn
-        if len(self._buffer) >= _FLUSH_BYTES:
-            self.flush()
+        self.file.append(record.lsn, records.encode_log(record))
 
     def append_bytes(self, lsn: int, data: bytes) -> None:
         """`append` of an already-encoded record (see `records.encode_write_log`)."""
-        self._buffer += data
-        self.segment_bytes += len(data)
-        self.written_lsn = lsn
-        if len(self._buffer) >= _FLUSH_BYTES:
-            self.flush()
+        self.file.append(lsn, data)
 
     def flush(self) -> None:
-        """`os.write` the buffer. Only ever called from the journal's thread, so the log keeps
-        lsn order; must run before any queue's state line or folder removal reaches disk."""
-        if self._buffer:
-            os.write(self._fd, self._buffer)
-            self._buffer.clear()
-        self.flushed_lsn = self.written_lsn
-
-    def fdatasync_to(self, lsn: int) -> None:
-        """Block until records up to `lsn` (already flushed) are durable. Thread-safe: concurrent
-        callers share one fdatasync."""
-        if self.synced_lsn >= lsn:
-            return
-        with self._sync_lock:
-            if self.synced_lsn >= lsn:
-                return
-            target = self.flushed_lsn
-            os.fdatasync(self._fd)
-            self.synced_lsn = max(self.synced_lsn, target)
+        """Hand buffered records to the OS, in lsn order; must run before any queue's state
+        line is written or its folder removed."""
+        self.file.flush()
 
     def sync_to(self, lsn: int) -> None:
-        """Flush and fdatasync up to `lsn`; from the journal's thread only."""
-        if self.synced_lsn >= lsn:
-            return
-        self.flush()
-        self.fdatasync_to(self.flushed_lsn)
+        self.file.sync_to(lsn)
 
     def rotate(self) -> list[Path]:
         """Start a new segment (after a checkpoint); returns the older segments to delete once
         the checkpoint record in the new one is durable."""
-        self.flush()
-        with self._sync_lock:
-            os.fdatasync(self._fd)
-            self.synced_lsn = self.written_lsn
-            os.close(self._fd)
-            old = list_segments(self.folder.parent)
-            self._open_segment()
+        old = list_segments(self.folder.parent)
+        self._segment_number += 1
+        self.file.switch_to(self.folder / _segment_name(self.generation, self._segment_number))
         return old
 
     def close(self) -> None:
-        if self._fd >= 0:
-            self.flush()
-            with self._sync_lock:
-                os.fdatasync(self._fd)
-                self.synced_lsn = self.written_lsn
-                os.close(self._fd)
-                self._fd = -1
+        self.file.close()
 
 
 def next_generation(root: Path) -> int:

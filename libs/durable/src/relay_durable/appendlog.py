@@ -1,0 +1,98 @@
+"""An append-only file written through an in-memory buffer.
+
+Invariants:
+- every append carries a sequence number larger than the previous one (the caller's lsn);
+  `written`, `flushed` and `synced` are the sequence numbers of the last appended, handed to
+  the OS, and fdatasync'ed record, and `synced <= flushed <= written` always holds;
+- `flush()` (`os.write` of the buffer) runs only on the owner's thread, so the file keeps the
+  append order; `fdatasync_to()` may run on any thread and concurrent callers share one
+  fdatasync;
+- `switch_to()` makes the current file durable before appends go to the next one.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+FLUSH_BYTES = 1 << 20  # buffered bytes that force an os.write even without a sync
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class AppendLog:
+    def __init__(self, path: Path) -> None:
+        self.written = 0
+        self.flushed = 0
+        self.synced = 0
+        self.file_bytes = 0
+        """Bytes appended to the current file (buffered ones included)."""
+        self._buffer = bytearray()
+        self._lock = threading.Lock()
+        self._fd = -1
+        self.path = path
+        self._open(path)
+
+    def _open(self, path: Path) -> None:
+        self.path = path
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        self.file_bytes = os.fstat(self._fd).st_size
+        fsync_dir(path.parent)
+
+    def append(self, seq: int, data: bytes) -> None:
+        self._buffer += data
+        self.file_bytes += len(data)
+        self.written = seq
+        if len(self._buffer) >= FLUSH_BYTES:
+            self.flush()
+
+    def flush(self) -> None:
+        """Hand the buffer to the OS. Owner's thread only."""
+        if self._buffer:
+            os.write(self._fd, self._buffer)
+            self._buffer.clear()
+        self.flushed = self.written
+
+    def fdatasync_to(self, seq: int) -> None:
+        """Block until everything flushed up to `seq` is durable. Any thread."""
+        if self.synced >= seq:
+            return
+        with self._lock:
+            if self.synced >= seq:
+                return
+            target = self.flushed
+            os.fdatasync(self._fd)
+            self.synced = max(self.synced, target)
+
+    def sync_to(self, seq: int) -> None:
+        """Flush and fdatasync up to `seq`. Owner's thread only."""
+        if self.synced >= seq:
+            return
+        self.flush()
+        self.fdatasync_to(self.flushed)
+
+    def switch_to(self, path: Path) -> None:
+        """Make the current file durable and close it; later appends go to `path`."""
+        self.flush()
+        with self._lock:
+            os.fdatasync(self._fd)
+            self.synced = self.written
+            os.close(self._fd)
+            self._open(path)
+
+    def close(self) -> None:
+        if self._fd < 0:
+            return
+        self.flush()
+        with self._lock:
+            os.fdatasync(self._fd)
+            self.synced = self.written
+            os.close(self._fd)
+            self._fd = -1
