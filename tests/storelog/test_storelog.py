@@ -184,3 +184,22 @@ class StoreMachine(RuleBasedStateMachine):
 
 StoreMachine.TestCase.settings = hsettings(max_examples=40, stateful_step_count=30, deadline=None)
 TestStoreModel = StoreMachine.TestCase
+
+
+def test_async_store_log_shares_fsyncs_and_survives_a_dump_midway(tmp_path: Path) -> None:
+    import asyncio
+
+    from relay_storelog.aio import AsyncStoreLog
+
+    async def run() -> None:
+        store = AsyncStoreLog(StoreLogSettings(root=tmp_path))
+        await asyncio.gather(*(store.new(script.record(i)) for i in range(100)))
+        store.dump()  # switches the log file while writers keep going
+        await asyncio.gather(*(store.new(script.record(i)) for i in range(100, 200)))
+        assert store.store.file.synced == store.store.file.written
+        await store.close()
+
+    asyncio.run(run())
+    restored = StoreLog(StoreLogSettings(root=tmp_path))
+    assert sorted(restored.queues) == [f"r{i:05d}" for i in range(200)]
+    restored.close()
