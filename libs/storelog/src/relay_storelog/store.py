@@ -152,58 +152,51 @@ class StoreLog:
     def _load(self, path: Path, *, last: bool, repair: bool) -> None:
         data = path.read_bytes()
         lines = data.splitlines(keepends=True)
-        for index, raw in enumerate(lines):
-            try:
-                self._apply(records.decode(raw))
-            except (records.LineError, StoreLogError) as error:
-                where = f"{path.name} line {index + 1}"
-                if last and index == len(lines) - 1:
-                    log.warning("storelog_torn_record_ignored", at=where, error=str(error))
-                    with path.open("r+b") as f:
-                        f.truncate(len(data) - len(raw))
-                    return
-                if not repair:
-                    raise StoreLogCorrupt(
-                        f"{where}: {error} (start with repair to skip it)"
-                    ) from None
-                log.warning("storelog_record_skipped", at=where, error=str(error))
+        # One bulk mutation per file: setting keys one by one on an immutable map would
+        # build a new map per record.
+        queues, senders, offsets = (
+            self.queues.mutate(),
+            self.senders.mutate(),
+            self.offsets.mutate(),
+        )
+        try:
+            for index, raw in enumerate(lines):
+                try:
+                    _apply(records.decode(raw), queues, senders, offsets)
+                except (records.LineError, StoreLogError) as error:
+                    where = f"{path.name} line {index + 1}"
+                    if last and index == len(lines) - 1:
+                        log.warning("storelog_torn_record_ignored", at=where, error=str(error))
+                        with path.open("r+b") as f:
+                            f.truncate(len(data) - len(raw))
+                        return
+                    if not repair:
+                        raise StoreLogCorrupt(
+                            f"{where}: {error} (start with repair to skip it)"
+                        ) from None
+                    log.warning("storelog_record_skipped", at=where, error=str(error))
+        finally:
+            self.queues, self.senders, self.offsets = (
+                queues.finish(),
+                senders.finish(),
+                offsets.finish(),
+            )
 
     # -- changes ---------------------------------------------------------------------------
 
-    def _apply(self, line: records.Line) -> None:
-        data = line.data
-        if line.kind == "new":
-            record = records.queue_from_data(data)
-            if record.recipient_id in self.queues or record.sender_id in self.senders:
-                raise QueueExists(record.recipient_id)
-            self.queues = self.queues.set(record.recipient_id, record)
-            self.senders = self.senders.set(record.sender_id, record.recipient_id)
-        elif line.kind == "status":
-            current = self._get(data.get("recipient_id"))
-            if data.get("status") not in records.STATUSES:
-                raise records.LineError("invalid status")
-            updated = current._replace(
-                status=data["status"], updated_at=data.get("updated_at", current.updated_at)
-            )
-            self.queues = self.queues.set(current.recipient_id, updated)
-        elif line.kind == "delete":
-            current = self._get(data.get("recipient_id"))
-            self.queues = self.queues.delete(current.recipient_id)
-            self.senders = self.senders.delete(current.sender_id)
-        elif line.kind == "offsets":
-            with self.offsets.mutate() as offsets:
-                for key, value in data.items():
-                    offsets[key] = value
-                self.offsets = offsets.finish()
-
-    def _get(self, recipient_id: object) -> QueueRecord:
-        if not isinstance(recipient_id, str) or recipient_id not in self.queues:
-            raise UnknownQueue(str(recipient_id))
-        return self.queues[recipient_id]
-
     def _change(self, kind: str, data: dict[str, Any]) -> int:
-        line = records.Line(kind, data)
-        self._apply(line)  # validates first: a refused change writes nothing
+        queues, senders, offsets = (
+            self.queues.mutate(),
+            self.senders.mutate(),
+            self.offsets.mutate(),
+        )
+        # Validates first: a refused change raises before anything is written or replaced.
+        _apply(records.Line(kind, data), queues, senders, offsets)
+        self.queues, self.senders, self.offsets = (
+            queues.finish(),
+            senders.finish(),
+            offsets.finish(),
+        )
         self._seq += 1
         self.file.append(self._seq, records.encode(kind, data))
         if self.auto_sync and self.settings.fsync is FsyncPolicy.ALWAYS:
@@ -317,3 +310,36 @@ class StoreLog:
     def close(self) -> None:
         self.wait_dump()
         self.file.close()
+
+
+def _get(queues: Any, recipient_id: object) -> QueueRecord:
+    if not isinstance(recipient_id, str) or recipient_id not in queues:
+        raise UnknownQueue(str(recipient_id))
+    record: QueueRecord = queues[recipient_id]
+    return record
+
+
+def _apply(line: records.Line, queues: Any, senders: Any, offsets: Any) -> None:
+    """Apply one record to the (mutating) maps; raises before changing anything if invalid."""
+    data = line.data
+    if line.kind == "new":
+        record = records.queue_from_data(data)
+        if record.recipient_id in queues or record.sender_id in senders:
+            raise QueueExists(record.recipient_id)
+        queues[record.recipient_id] = record
+        senders[record.sender_id] = record.recipient_id
+    elif line.kind == "status":
+        current = _get(queues, data.get("recipient_id"))
+        if data.get("status") not in records.STATUSES:
+            raise records.LineError("invalid status")
+        updated_at = data.get("updated_at", current.updated_at)
+        queues[current.recipient_id] = current._replace(
+            status=data["status"], updated_at=updated_at
+        )
+    elif line.kind == "delete":
+        current = _get(queues, data.get("recipient_id"))
+        del queues[current.recipient_id]
+        del senders[current.sender_id]
+    elif line.kind == "offsets":
+        for key, value in data.items():
+            offsets[key] = value
