@@ -22,7 +22,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import secrets
 import shutil
 import statistics
@@ -33,6 +32,7 @@ import time
 from pathlib import Path
 
 import psutil
+import report
 
 from relay_journal.aio import AsyncJournal
 from relay_journal.journal import QueueJournal
@@ -225,14 +225,8 @@ def main() -> None:
         "rss_mb_100k_idle_queues": idle["rss_mb"] and round(idle["rss_mb"], 1),
         "create_s_idle_queues": idle["create_s"] and round(idle["create_s"], 1),
         "open_s_100k": opened["open_s"] and round(opened["open_s"], 3),
-        "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cpu",
-        "commit": subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
-        ).stdout.strip(),
     }
-    for key, value in summary.items():
-        print(f"{key:>26}: {value}")
-    print(json.dumps(summary))
+    report.emit(summary)
 
 
 if __name__ == "__main__":

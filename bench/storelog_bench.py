@@ -14,14 +14,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import platform
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+import report
 
 from relay_durable.policy import FsyncPolicy
 from relay_storelog.aio import AsyncStoreLog
@@ -105,14 +105,8 @@ def main() -> None:
         "dump_total_s": round(result.total_s, 2),
         "dump_bytes": result.bytes,
         "restore_s": round(restored["restore_s"], 2),
-        "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cpu",
-        "commit": subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
-        ).stdout.strip(),
     }
-    for key, value in summary.items():
-        print(f"{key:>18}: {value}")
-    print(json.dumps(summary))
+    report.emit(summary)
 
 
 if __name__ == "__main__":
