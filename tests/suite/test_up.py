@@ -132,8 +132,17 @@ def test_readme_entry_point_starts_pings_and_stops_cleanly(tmp_path: Path) -> No
         _assert_stops_cleanly(running)
 
 
+def _two_free_ports() -> int:
+    """A port p with p + 1 free as well (the second ingress instance takes p + 1)."""
+    for _ in range(100):
+        port = free_port()
+        if port < 65535 and port_free(port + 1):
+            return port
+    raise RuntimeError("no two adjacent free ports")
+
+
 def test_broker_loss_is_survived_with_several_instances(tmp_path: Path) -> None:
-    port = free_port()
+    port = _two_free_ports()
     args = [
         "--port",
         str(port),
