@@ -9,11 +9,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from fastapi import FastAPI
+from pydantic import Field
 
 from relay_bus import ping, topics
 from relay_bus.bus import Bus
 from relay_bus.config import KafkaSettings
 from relay_bus.lifecycle import BusLifecycle
+from relay_queue_writer.stores import Stores
 from relay_runtime import ownership, settings
 from relay_runtime.probes import probe_routes
 from relay_runtime.readiness import Readiness
@@ -25,6 +27,8 @@ GROUP = "relay.queue-writer"
 class QueueWriterSettings(settings.ServiceSettings):
     kafka: KafkaSettings = KafkaSettings()
     data: settings.DataSettings = settings.DataSettings(dir=Path("./var/queue-writer"))
+    dump_interval_s: float = Field(3600.0, ge=0)
+    """Seconds between store-log dumps; 0 switches the timer off (the operator drives dumps)."""
 
 
 def build(config: QueueWriterSettings) -> tuple[FastAPI, BusLifecycle]:
@@ -36,8 +40,14 @@ def build(config: QueueWriterSettings) -> tuple[FastAPI, BusLifecycle]:
     owned = ownership.owned_partitions(config.kafka.partitions, ordinal, replicas)
     bus.consumer(topics.QUEUE_COMMANDS, forward, group_id=GROUP, partitions=owned)
 
-    async def claim_data_dir() -> None:
+    stores = Stores(config.data.dir, readiness, config.dump_interval_s)
+
+    async def open_data_dir() -> None:
         ownership.claim_data_dir(config.data.dir, SERVICE, ordinal, replicas)
+        await stores.open()
 
     app = FastAPI(title="Relay queue-writer", routes=probe_routes(readiness))
-    return app, BusLifecycle(bus, config.startup_timeout_s, before_start=(claim_data_dir,))
+    lifecycle = BusLifecycle(
+        bus, config.startup_timeout_s, before_start=(open_data_dir,), after_stop=(stores.close,)
+    )
+    return app, lifecycle

@@ -1,0 +1,62 @@
+"""The queue-writer's stores on its volume: the queue journal and the store log, opened before
+the service reports ready and closed after its consumers have stopped, plus the dump timer.
+
+Invariant: readiness condition `stores` is true only while both stores are open; a dump runs
+every `dump_interval_s` (0 switches the timer off, for when the operator drives dumps).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from pathlib import Path
+
+import structlog
+
+from relay_journal.aio import AsyncJournal
+from relay_journal.settings import JournalSettings
+from relay_runtime import exits
+from relay_runtime.readiness import Readiness
+from relay_storelog.aio import AsyncStoreLog
+from relay_storelog.store import StoreLogCorrupt, StoreLogSettings
+
+log = structlog.get_logger(__name__)
+
+
+class Stores:
+    def __init__(self, data_dir: Path, readiness: Readiness, dump_interval_s: float) -> None:
+        self.data_dir = data_dir
+        self.readiness = readiness
+        self.dump_interval_s = dump_interval_s
+        self.journal: AsyncJournal | None = None
+        self.store: AsyncStoreLog | None = None
+        self._timer: asyncio.Task[None] | None = None
+        readiness.register("stores")
+
+    async def open(self) -> None:
+        try:
+            self.journal = AsyncJournal(JournalSettings(root=self.data_dir / "journal"))
+            await self.journal.start()
+            self.store = AsyncStoreLog(StoreLogSettings(root=self.data_dir / "store"))
+        except StoreLogCorrupt as error:
+            raise exits.StartupError(f"store log: {error}", exits.EXIT_CONFIG) from None
+        if self.dump_interval_s > 0:
+            self._timer = asyncio.create_task(self._dump_every(), name="store-dump-timer")
+        self.readiness.set("stores", True)
+
+    async def _dump_every(self) -> None:
+        while True:
+            await asyncio.sleep(self.dump_interval_s)
+            assert self.store is not None
+            self.store.dump()
+
+    async def close(self) -> None:
+        self.readiness.set("stores", False)
+        if self._timer is not None:
+            self._timer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._timer
+        if self.store is not None:
+            await self.store.close()
+        if self.journal is not None:
+            await self.journal.close()
