@@ -166,6 +166,7 @@ class QueueJournal:
             queue = self._queue(queue_id)
         else:
             self._open.move_to_end(queue_id)
+            queue.last_used = time.monotonic()  # as `_queue` does: a written queue is not idle
         state = queue.state
         if state.suspended:
             raise errors.QueueSuspended(queue_id)
