@@ -73,6 +73,7 @@ class Egress(Generic[T]):
                 return self._added
             if not self._pending:
                 self._oldest = time.monotonic()
+                self._cond.notify_all()  # the flusher starts timing the interval
             self._pending.extend(items)
             self._added += len(items)
             if not sync and len(self._pending) >= self.batch_size:

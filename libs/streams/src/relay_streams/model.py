@@ -53,7 +53,7 @@ def _unpack(token: object, kind: str, count: int) -> list[Any]:
     if not isinstance(token, str) or not token or len(token) > 100_000:
         raise BadToken(f"{what} must be a non-empty string")
     try:
-        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
+        raw = base64.b64decode(token + "=" * (-len(token) % 4), altchars=b"-_", validate=True)
     except (binascii.Error, ValueError):
         raise BadToken(f"{what} is not base64url") from None
     if len(raw) < 6 or zlib.crc32(raw[:-4]).to_bytes(4, "big") != raw[-4:]:

@@ -1,0 +1,112 @@
+"""Topic and filter rules (API.md, Topics): validation, `+`, `#`, and the `$` rule."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from relay_streams import topics
+from relay_streams.topics import TopicError, topic_matches
+
+
+@pytest.mark.parametrize(
+    ("topic_filter", "topic", "expected"),
+    [
+        ("a/b", "a/b", True),
+        ("a/b", "a/c", False),
+        ("a/+", "a/b", True),
+        ("a/+", "a/b/c", False),
+        ("a/+", "a", False),
+        ("a/+", "a/", True),  # an empty level is a level
+        ("+/+", "/x", True),
+        ("a/#", "a", True),  # '#' also matches the parent level
+        ("a/#", "a/b/c", True),
+        ("a/#", "ab", False),
+        ("#", "a/b", True),
+        ("+", "a", True),
+        ("+", "a/b", False),
+        ("a//b", "a//b", True),
+        ("a/b", "a/b/", False),
+        # The $ rule: a filter starting with a wildcard never matches a $-topic.
+        ("#", "$SYS/x", False),
+        ("+/x", "$SYS/x", False),
+        ("+", "$SYS", False),
+        ("$SYS/#", "$SYS/x", True),
+        ("$SYS/+", "$SYS/x", True),
+        ("$SYS", "$SYS", True),
+        ("a/+", "a/$b", True),  # only the first level counts
+        ("#", "x$/a", True),
+    ],
+)
+def test_matching(topic_filter: str, topic: str, expected: bool) -> None:
+    assert topic_matches(topic_filter, topic) is expected
+
+
+@pytest.mark.parametrize(
+    ("topic", "why"),
+    [
+        ("", "empty"),
+        ("a/+", "wildcard"),
+        ("a/#", "wildcard"),
+        ("a+b", "wildcard"),
+        ("a\x00b", "NUL"),
+        ("x" * 65_536, "limit"),
+        ("\ud800", "UTF-8"),
+        (b"a", "string"),
+        (None, "string"),
+    ],
+)
+def test_bad_topics(topic: object, why: str) -> None:
+    with pytest.raises(TopicError, match=why):
+        topics.parse_topic(topic)
+
+
+@pytest.mark.parametrize(
+    ("topic_filter", "why"),
+    [
+        ("", "empty"),
+        ("a/#/b", "last level"),
+        ("a#", "whole level"),
+        ("a/b+", "whole level"),
+        ("++", "whole level"),
+        ("a\x00", "NUL"),
+    ],
+)
+def test_bad_filters(topic_filter: str, why: str) -> None:
+    with pytest.raises(TopicError, match=why):
+        topics.parse_filter(topic_filter)
+
+
+def test_levels() -> None:
+    assert topics.parse_topic("/a//b/") == ("", "a", "", "b", "")
+    assert topics.parse_filter("+/#") == ("+", "#")
+    assert topics.is_wildcard(("a", "+"))
+    assert not topics.is_wildcard(("a", "b"))
+
+
+def _reference(topic_filter: str, topic: str) -> bool:
+    """Matching by regular expression, written independently of `topics.matches`."""
+    if topic_filter[0] in "+#" and topic.startswith("$"):
+        return False
+    pattern = re.escape(topic_filter).replace(r"\+", "[^/]*")
+    if pattern == "\\#":
+        pattern = ".*"
+    elif pattern.endswith("/\\#"):
+        pattern = pattern[:-3] + "(/.*)?"
+    return re.fullmatch(pattern, topic, re.DOTALL) is not None
+
+
+level = st.sampled_from(["a", "b", "", "$x", "c$"])
+
+
+@given(
+    topic=st.lists(level, min_size=1, max_size=4).map("/".join).filter(bool),
+    topic_filter=st.lists(st.one_of(level, st.just("+")), min_size=1, max_size=4)
+    .flatmap(lambda ls: st.sampled_from(["/".join(ls), "/".join([*ls, "#"])]))
+    .filter(bool),
+)
+def test_matching_agrees_with_a_regular_expression(topic: str, topic_filter: str) -> None:
+    assert topic_matches(topic_filter, topic) == _reference(topic_filter, topic)
