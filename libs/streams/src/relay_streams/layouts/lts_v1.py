@@ -32,6 +32,7 @@ from relay_streams.topics import Levels
 LAYOUT_ID = "lts/1"
 EDGES = b"\x01"
 _KEY_LENGTH = 25
+_KNOWN_TOPICS = 200_000  # topics remembered per generation and shard (~40 MB at most)
 
 
 def _thresholds(options: dict[str, Any]) -> tuple[int, ...]:
@@ -94,15 +95,23 @@ class Lts:
         except lts.TrieError as e:
             raise CorruptRecord(f"{self.where}: {e}") from None
         self.trie = trie
+        self._known: dict[str, int] = {}
+        """Topic -> static index of topics already learned (a learned topic never moves)."""
 
     def prepare(self, batch: WriteBatch, items: Sequence[tuple[Levels, Message, int]]) -> None:
         handle = self.handle
         learn = self.trie.learn
+        known = self._known
         for levels, message, seq in items:
-            static, added = learn(levels)
-            for edge in added:
-                key, value = _edge_record(edge)
-                batch.put(key, value, handle)
+            static = known.get(message.topic)
+            if static is None:
+                static, added = learn(levels)
+                for edge in added:
+                    key, value = _edge_record(edge)
+                    batch.put(key, value, handle)
+                if len(known) >= _KNOWN_TOPICS:
+                    known.clear()
+                known[message.topic] = static
             key = (
                 base.MESSAGES
                 + static.to_bytes(8, "big")
