@@ -14,6 +14,9 @@ Invariants:
   fails, every `sync=True` caller whose messages were in it gets `WriteFailed`; messages of
   `sync=False` callers in a failed write are lost and logged (they were never acknowledged);
 - lock order: `_write_lock` before the database lock, never the other way round.
+
+`rocksdict` keeps the GIL during a write and its fsync, so other threads cannot even add to the
+buffer while a write runs; they queue right after it, and the next writer takes them all.
 """
 
 from __future__ import annotations
