@@ -1,5 +1,6 @@
 """Writes synchronous batches forever, printing the last acknowledged message number after each
-`store_batch` returns, and adds a generation every 15 batches; the test SIGKILLs it."""
+`store_batch` returns, and adds a generation every 4 batches (so that kills often land in one);
+the test SIGKILLs it."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ def main(root: str) -> None:
         db.store_batch(batch)
         print(n, flush=True)
         batch_number += 1
-        if batch_number % 15 == 0:
+        if batch_number % 4 == 0:
             db.add_generation()
 
 

@@ -38,7 +38,7 @@ def _rounds(tmp_path: Path) -> None:
         acked = 0
         for line in child.stdout:
             acked = int(line)
-            if acked >= 500 * (round_ + 1):
+            if acked >= 250 * (round_ + 1):
                 break
         child.send_signal(signal.SIGKILL)
         child.wait(timeout=30)

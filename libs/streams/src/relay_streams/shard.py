@@ -123,9 +123,13 @@ class Shard:
         self.id = shard
         self.where = f"database {db!r} shard {shard}"
         self.generations: dict[GenerationId, Generation] = {}
+        # Name every column family the MANIFEST knows: left to itself, rocksdict takes the list
+        # from the OPTIONS file, which a crash right after `create_column_family` leaves stale
+        # ("Column families not opened"; found by the SIGKILL test).
         existing = Rdict.list_cf(str(path), Options(raw_mode=True)) if path.exists() else []
-        self.db = Rdict(str(path), _options())
         self._cfs = set(existing) - {"default"}
+        families = {name: Options(raw_mode=True) for name in self._cfs}
+        self.db = Rdict(str(path), _options(), column_families=families)
         try:
             self._check_identity()
             self.reconcile(record)

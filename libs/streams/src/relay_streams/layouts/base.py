@@ -30,17 +30,26 @@ def encode_value(topic: str, payload: bytes) -> bytes:
     return b"\x01" + len(encoded).to_bytes(2, "big") + encoded + payload
 
 
-def decode_value(raw: bytes, ts: int, where: str) -> Message:
+def _topic_end(raw: bytes, where: str, key: bytes) -> int:
     if len(raw) < 3 or raw[0] != VALUE_FORMAT:
-        raise CorruptRecord(f"{where}: unknown or damaged message record (format byte)")
+        raise CorruptRecord(f"{where} key {key.hex()}: unknown or damaged message record (format)")
     end = 3 + int.from_bytes(raw[1:3], "big")
     if end > len(raw):
-        raise CorruptRecord(f"{where}: damaged message record (topic runs past the end)")
+        raise CorruptRecord(f"{where} key {key.hex()}: damaged message record (topic too long)")
+    return end
+
+
+def _topic(raw: bytes, end: int, where: str, key: bytes) -> str:
     try:
-        topic = raw[3:end].decode()
+        return raw[3:end].decode()
     except UnicodeDecodeError:
-        raise CorruptRecord(f"{where}: damaged message record (topic not UTF-8)") from None
-    return Message(topic, raw[end:], ts)
+        raise CorruptRecord(f"{where} key {key.hex()}: damaged message record (topic)") from None
+
+
+def decode_value(raw: bytes, ts: int, where: str, key: bytes) -> Message:
+    """The message in a value; `where` and `key` only name it in a `CorruptRecord`."""
+    end = _topic_end(raw, where, key)
+    return Message(_topic(raw, end, where, key), raw[end:], ts)
 
 
 def scan(cf: Rdict, lower: bytes, upper: bytes) -> Iterator[tuple[bytes, bytes]]:
@@ -88,24 +97,29 @@ def read_range(
     """Messages with keys in [lower, upper) whose keys end in ts (u64) | seq (u64); those whose
     topic does not match `topic_filter` are skipped (None: all match)."""
     found: list[tuple[Position, Message]] = []
-    position = None
     key_length = len(lower)
+    matches = topics.matches
+    last = None
     for key, value in scan(cf, lower, upper):
+        last = key
         if len(key) != key_length:
             raise CorruptRecord(f"{where}: message key {key.hex()} has the wrong length")
-        position = Position(int.from_bytes(key[-16:-8], "big"), int.from_bytes(key[-8:], "big"))
-        message = decode_value(value, position.ts, f"{where} key {key.hex()}")
-        if topic_filter is not None:
-            try:
-                topic = topics.parse_topic(message.topic)
-            except topics.TopicError as e:
-                raise CorruptRecord(f"{where} key {key.hex()}: {e}") from None
-            if not topics.matches(topic_filter, topic):
-                continue
-        found.append((position, message))
+        end = _topic_end(value, where, key)
+        topic = _topic(value, end, where, key)
+        # Topics were validated when written (and by `check`): splitting is enough here.
+        if topic_filter is not None and not matches(topic_filter, tuple(topic.split("/"))):
+            continue
+        ts = int.from_bytes(key[-16:-8], "big")
+        found.append(
+            (Position(ts, int.from_bytes(key[-8:], "big")), Message(topic, value[end:], ts))
+        )
         if len(found) >= limit:
-            return ReadResult(found, position, False)
-    return ReadResult(found, position, True)
+            return ReadResult(found, found[-1][0], False)
+    return ReadResult(found, None if last is None else _position(last), True)
+
+
+def _position(key: bytes) -> Position:
+    return Position(int.from_bytes(key[-16:-8], "big"), int.from_bytes(key[-8:], "big"))
 
 
 def position_bytes(start: int, after: Position | None) -> bytes:

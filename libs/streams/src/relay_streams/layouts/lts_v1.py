@@ -168,10 +168,10 @@ class Lts:
             position = Position(int.from_bytes(key[9:17], "big"), int.from_bytes(key[17:], "big"))
             census.saw(position)
             try:
-                message = base.decode_value(value, position.ts, where)
+                message = base.decode_value(value, position.ts, self.where, key)
                 levels = topics.parse_topic(message.topic)
             except Exception as e:  # a check reports every kind of damage
-                census.problems.append(f"{where}: {e}")
+                census.problems.append(str(e) if isinstance(e, CorruptRecord) else f"{where}: {e}")
                 continue
             if trie.lookup(levels) != static:
                 census.problems.append(

@@ -16,7 +16,7 @@ from typing import Any
 from rocksdict import ColumnFamily, Rdict, WriteBatch
 
 from relay_streams import lts, topics
-from relay_streams.errors import BadInput
+from relay_streams.errors import BadInput, CorruptRecord
 from relay_streams.layouts import base
 from relay_streams.model import Message, Position, StaticIndex
 from relay_streams.topics import Levels
@@ -84,10 +84,10 @@ class Reference:
             position = Position(int.from_bytes(key[1:9], "big"), int.from_bytes(key[9:], "big"))
             census.saw(position)
             try:
-                message = base.decode_value(value, position.ts, where)
+                message = base.decode_value(value, position.ts, self.where, key)
                 topics.parse_topic(message.topic)
             except Exception as e:  # a check reports every kind of damage
-                census.problems.append(f"{where}: {e}")
+                census.problems.append(str(e) if isinstance(e, CorruptRecord) else f"{where}: {e}")
                 continue
             if not belongs(message.topic):
                 census.problems.append(f"{where}: topic {message.topic!r} is in the wrong shard")
