@@ -511,6 +511,8 @@ def test_replica_sets_are_validated_and_recorded(store: StreamStore) -> None:
     assert [s.id for s in info.shards] == ["0", "1"]
     assert info.shards[0].replicas == [sites.Replica(here, "up")]
     assert info.shards[0].transitions == [sites.Transition(peer, "joining")]
+    assert store.site_info(peer).shards[1] == sites.SiteShard("m", "1", "joining")
+    assert not store.site_info(peer).up
     with pytest.raises(BadInput, match="in the replica set of 'm'"):
         store.forget_site(peer)
     with pytest.raises(BadInput, match="this site"):
@@ -529,5 +531,8 @@ def test_replica_sets_are_validated_and_recorded(store: StreamStore) -> None:
     with pytest.raises(NotFound):
         store.forget_site(peer)
     assert [s.site for s in store.list_sites()] == [here]
-    assert store.site_info(here).shards == [("m", "0"), ("m", "1")]
+    assert store.site_info(here).shards == [
+        sites.SiteShard("m", "0", "up"),
+        sites.SiteShard("m", "1", "up"),
+    ]
     store.close()

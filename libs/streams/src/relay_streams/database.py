@@ -93,6 +93,7 @@ class Database:
         self.name = catalog.parse_name(name)
         self.clock = clock
         self._record_path = path / "db.json"
+        changed = False
         if self._record_path.exists():
             record = catalog.DbRecord.load(self._record_path)
             if record.name != name:
@@ -104,7 +105,7 @@ class Database:
                         f"count is fixed when a database is created"
                     )
                 record.settings = settings
-                record.save(self._record_path)
+                changed = True  # saved once the database opened
         else:
             settings = settings or DbSettings()
             now = clock()
@@ -125,6 +126,8 @@ class Database:
         try:
             for i in range(record.settings.shards):
                 self.shards.append(Shard(path / f"shard-{i}", name, ShardId(i), record))
+            if changed:
+                record.save(self._record_path)
         except BaseException:
             for shard in self.shards:
                 shard.close()

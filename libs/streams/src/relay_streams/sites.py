@@ -175,12 +175,21 @@ class StorageInfo:
 
 
 @dataclass(frozen=True)
+class SiteShard:
+    storage: str
+    id: str
+    status: str
+    """The site's replica status (`up`, `down`) or its pending transition (`joining`,
+    `leaving`)."""
+
+
+@dataclass(frozen=True)
 class SiteInfo:
     site: SiteId
     node: str
     up: bool
-    shards: list[tuple[str, str]] = field(default_factory=list)
-    """(storage, shard id) pairs this site holds or is to hold."""
+    shards: list[SiteShard] = field(default_factory=list)
+    """Shards this site holds or is to hold (EMQX's `/ds/sites/:site`)."""
 
 
 @dataclass(frozen=True)

@@ -187,13 +187,13 @@ class StreamStore:
         infos = []
         storages = [self.storage(name) for name in self.storages()]
         for known in sorted(self.registry.sites.values(), key=lambda k: k.site):
-            held = [
-                (storage.name, shard.id)
-                for storage in storages
-                for shard in storage.shards
-                if any(r.site == known.site for r in shard.replicas)
-                or any(t.site == known.site for t in shard.transitions)
-            ]
+            held = []
+            for storage in storages:
+                for shard in storage.shards:
+                    statuses = [r.status for r in shard.replicas if r.site == known.site]
+                    statuses += [t.transition for t in shard.transitions if t.site == known.site]
+                    if statuses:  # leaving: both `up` and `leaving`; the transition says more
+                        held.append(sites.SiteShard(storage.name, shard.id, statuses[-1]))
             infos.append(sites.SiteInfo(known.site, known.node, known.site == self.site, held))
         return infos
 
