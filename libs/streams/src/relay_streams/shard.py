@@ -208,6 +208,7 @@ class Shard:
 
     def add_generation(self, spec: catalog.GenerationSpec, previous: GenerationId) -> None:
         self._open_generation(spec, self.generations[previous])
+        self.generations[previous].layout.closed()
 
     def drop_generation(self, number: GenerationId) -> None:
         generation = self.generations.pop(number, None)

@@ -142,6 +142,9 @@ class Layout(Protocol):
     def reload(self) -> None:
         """Forget in-memory state not on disk (after a failed write)."""
 
+    def closed(self) -> None:
+        """The generation takes no more writes: drop what only writes need (caches)."""
+
     def streams(self, topic_filter: Levels) -> list[StaticIndex]:
         """Static indexes of the streams that may hold topics matching the filter."""
 

@@ -98,6 +98,9 @@ class Lts:
         self._known: dict[str, int] = {}
         """Topic -> static index of topics already learned (a learned topic never moves)."""
 
+    def closed(self) -> None:
+        self._known = {}
+
     def prepare(self, batch: WriteBatch, items: Sequence[tuple[Levels, Message, int]]) -> None:
         handle = self.handle
         learn = self.trie.learn

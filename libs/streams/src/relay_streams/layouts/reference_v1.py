@@ -53,6 +53,9 @@ class Reference:
     def reload(self) -> None:
         pass
 
+    def closed(self) -> None:
+        pass
+
     def streams(self, topic_filter: Levels) -> list[StaticIndex]:
         return [_STREAM]
 
