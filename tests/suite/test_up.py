@@ -141,7 +141,32 @@ def _two_free_ports() -> int:
     raise RuntimeError("no two adjacent free ports")
 
 
-def test_broker_loss_is_survived_with_several_instances(tmp_path: Path) -> None:
+def _dump_everywhere(running: Running) -> None:
+    """`relayctl dump --wait` reaches both queue-writers, which split the 8 partitions."""
+    result = subprocess.run(
+        [str(BIN / "relayctl"), "dump", "--wait", "--data-dir", str(running.data_dir)],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=service_env(),
+    )
+    assert result.returncode == 0, result.stderr
+    assert "finished: dump" in result.stdout
+    for k, partitions in ((0, "0,2,4,6"), (1, "1,3,5,7")):
+        assert f"queue-writer-{k}" in result.stdout
+        assert partitions in result.stdout
+        assert list((running.data_dir / f"queue-writer-{k}" / "store").glob("store-*.dump"))
+    started = httpx.post(
+        f"{running.state.ingress_url}/admin/dump",
+        headers={"Authorization": f"Bearer {running.token()}"},
+        timeout=30,
+    )
+    assert started.status_code == 202, started.text
+    writers = started.json()["writers"]
+    assert sorted(p for w in writers for p in w["partitions"]) == list(range(8))
+
+
+def test_several_instances_dump_and_survive_broker_loss(tmp_path: Path) -> None:
     port = _two_free_ports()
     args = [
         "--port",
@@ -160,6 +185,7 @@ def test_broker_loss_is_survived_with_several_instances(tmp_path: Path) -> None:
         # Pings take random partitions: several cover both queue-writers' shares.
         for url in (None, second_ingress, None, second_ingress):
             assert running.ping(url).status_code == 200
+        _dump_everywhere(running)
         broker = next(c for c in running.state.children if c.name == "broker")
         assert broker.pid is not None
         os.kill(broker.pid, signal.SIGKILL)

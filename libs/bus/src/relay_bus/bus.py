@@ -220,7 +220,7 @@ class Bus:
     async def send(
         self,
         topic: str,
-        record: schemas.Ping | schemas.InboxClaim | schemas.Epoch,
+        record: schemas.Record,
         *,
         key: bytes | None = None,
         partition: int | None = None,

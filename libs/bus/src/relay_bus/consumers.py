@@ -40,7 +40,7 @@ class Received:
     partition: int
     offset: int
     key: bytes | None
-    record: schemas.Ping | schemas.InboxClaim | schemas.Epoch
+    record: schemas.Record
 
 
 Handler = Callable[[Received], Awaitable[None]]

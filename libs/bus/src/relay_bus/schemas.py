@@ -10,7 +10,7 @@ Invariants:
 from __future__ import annotations
 
 import time
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
@@ -34,27 +34,55 @@ class Hop(_Record):
     sent_ms: float
 
 
-class Ping(_Record):
-    """The admin ping: ingress → queue-writer → delivery → retainer → replicator → ingress."""
+class _Request(_Record):
+    """A record whose answer goes back to the ingress instance that waits for it."""
 
-    kind: Literal["ping"] = "ping"
-    v: Literal[1] = 1
     id: str
     origin: str
     """Ingress instance that waits for the reply."""
     reply_slot: int = Field(ge=0)
     """The origin's inbox partition."""
-    started_ms: float
     deadline_ms: float
-    """Past this time the origin has given up: hops drop the ping instead of forwarding it."""
-    hops: tuple[Hop, ...] = ()
+    """Past this time the origin has given up: whoever holds the request drops it."""
 
     def expired(self, now_ms: float | None = None) -> bool:
         return (now_ms if now_ms is not None else now_ms_()) > self.deadline_ms
 
+
+class Ping(_Request):
+    """The admin ping: ingress → queue-writer → delivery → retainer → replicator → ingress."""
+
+    kind: Literal["ping"] = "ping"
+    v: Literal[1] = 1
+    started_ms: float
+    hops: tuple[Hop, ...] = ()
+
     def with_hop(self, service: str, instance: str, received_ms: float) -> Ping:
         hop = Hop(service=service, instance=instance, received_ms=received_ms, sent_ms=now_ms_())
         return self.model_copy(update={"hops": (*self.hops, hop)})
+
+
+class AdminRequest(_Request):
+    """An admin operation for every queue-writer (`/admin/dump`, queue stats). The ingress sends
+    one copy to each command partition; a queue-writer runs the operation once per `id` and
+    answers once per partition it owns, so the asker knows when every owner has answered."""
+
+    kind: Literal["admin"] = "admin"
+    v: Literal[1] = 1
+    op: Literal["dump", "stats"]
+    wait: bool = False
+    """For `dump`: answer when the dump is finished (files renamed, old ones removed)."""
+
+
+class AdminReply(_Record):
+    kind: Literal["admin_reply"] = "admin_reply"
+    v: Literal[1] = 1
+    id: str
+    origin: str
+    partition: int = Field(ge=0)
+    """The command partition this answer covers."""
+    instance: str
+    result: dict[str, Any]
 
 
 class InboxClaim(_Record):
@@ -75,10 +103,14 @@ class Epoch(_Record):
     created_by: str
 
 
-BusRecord = Annotated[Ping | InboxClaim | Epoch, Field(discriminator="kind")]
-_ADAPTER: TypeAdapter[Ping | InboxClaim | Epoch] = TypeAdapter(BusRecord)
+Record = Ping | AdminRequest | AdminReply | InboxClaim | Epoch
+"""Every record kind; `Reply` the ones an ingress instance waits for."""
+Reply = Ping | AdminReply
+_ADAPTER: TypeAdapter[Record] = TypeAdapter(Annotated[Record, Field(discriminator="kind")])
 _KNOWN_VERSIONS: dict[str, frozenset[int]] = {
     "ping": frozenset({1}),
+    "admin": frozenset({1}),
+    "admin_reply": frozenset({1}),
     "inbox_claim": frozenset({1}),
     "epoch": frozenset({1}),
 }
@@ -93,6 +125,8 @@ ALLOWED_TOPICS: dict[str, frozenset[str]] = {
             topics.INGRESS_INBOX,
         }
     ),
+    "admin": frozenset({topics.QUEUE_COMMANDS}),
+    "admin_reply": frozenset({topics.INGRESS_INBOX}),
     "inbox_claim": frozenset({topics.INGRESS_INBOX}),
     "epoch": frozenset({topics.EPOCH}),
 }
@@ -107,11 +141,11 @@ def now_ms_() -> float:
     return time.time() * 1000
 
 
-def encode(record: Ping | InboxClaim | Epoch) -> bytes:
+def encode(record: Record) -> bytes:
     return record.model_dump_json().encode()
 
 
-def decode(data: bytes | None) -> Ping | InboxClaim | Epoch:
+def decode(data: bytes | None) -> Record:
     """Parse one record or raise `SchemaError` saying what is wrong with it."""
     if data is None:
         raise SchemaError("empty record")
@@ -135,6 +169,6 @@ def decode(data: bytes | None) -> Ping | InboxClaim | Epoch:
         ) from None
 
 
-def check_topic(record: Ping | InboxClaim | Epoch, topic: str) -> None:
+def check_topic(record: Record, topic: str) -> None:
     if topic not in ALLOWED_TOPICS[record.kind]:
         raise ValueError(f"a {record.kind!r} record may not be sent to {topic}")

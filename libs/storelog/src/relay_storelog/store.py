@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,8 +74,9 @@ class StoreLogSettings:
     root: Path
     """Folder of `store-(N).log` and `store-(N).dump` files."""
     fsync: FsyncPolicy = FsyncPolicy.ALWAYS
-    crash_at: str | None = None
-    """Tests only: SIGKILL this process at the named dump step (one of `DUMP_STEPS`)."""
+    on_dump_step: Callable[[str], None] | None = None
+    """Tests only: called after each dump step (one of `DUMP_STEPS`) with its name, to crash
+    the process there (SIGKILL) or abandon the store mid-dump (raise)."""
 
 
 @dataclass(frozen=True)
@@ -225,8 +226,8 @@ class StoreLog:
     # -- dumps -----------------------------------------------------------------------------
 
     def _step(self, name: str) -> None:
-        if self.settings.crash_at == name:
-            os.kill(os.getpid(), signal.SIGKILL)
+        if self.settings.on_dump_step is not None:
+            self.settings.on_dump_step(name)
 
     def dump(self) -> int:
         """Start a dump (seed 001's steps); returns its number N, or the running dump's."""

@@ -33,6 +33,8 @@ class IngressSettings(settings.ServiceSettings):
     """Redis for connection routing, leases and rate limits (ephemeral state only)."""
     ping_timeout_s: float = Field(10.0, gt=0, le=60)
     """How long `/admin/ping` waits for its ping to come back."""
+    admin_timeout_s: float = Field(30.0, gt=0, le=600)
+    """How long admin requests to every queue-writer (`/admin/dump`) wait for all answers."""
 
 
 async def _wait_for_redis(redis: Redis, url: str, timeout_s: float) -> None:

@@ -6,7 +6,8 @@ Invariants:
   renewed every `LEASE_S / 3`), so replies reach the instance whose caller waits;
 - it reads from the offset of the claim record it wrote when taking the slot, so replies meant
   for an earlier holder are never read; after a broker log loss, from offset 0;
-- a reply for a request that is no longer waiting (timed out) is dropped.
+- a reply for a request that is no longer waiting (timed out) is dropped; a request may get
+  several replies (an admin request answered once per command partition).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class Inbox:
         self.readiness = readiness
         self.slot: int | None = None
         self._lock: Lock | None = None
-        self._waiting: dict[str, asyncio.Future[schemas.Ping]] = {}
+        self._waiting: dict[str, asyncio.Queue[schemas.Reply]] = {}
         self._renewer: asyncio.Task[None] | None = None
         readiness.register("inbox")
 
@@ -88,15 +89,16 @@ class Inbox:
 
     async def handle(self, received: Received) -> None:
         reply = received.record
-        if isinstance(reply, schemas.Ping) and reply.origin == self.instance:
-            future = self._waiting.pop(reply.id, None)
-            if future is not None and not future.done():
-                future.set_result(reply)
+        if isinstance(reply, schemas.Reply) and reply.origin == self.instance:
+            waiting = self._waiting.get(reply.id)
+            if waiting is not None:
+                waiting.put_nowait(reply)
 
-    def expect(self, request_id: str) -> asyncio.Future[schemas.Ping]:
-        future: asyncio.Future[schemas.Ping] = asyncio.get_running_loop().create_future()
-        self._waiting[request_id] = future
-        return future
+    def expect(self, request_id: str) -> asyncio.Queue[schemas.Reply]:
+        """Start collecting replies to `request_id`; call `forget` when done."""
+        replies: asyncio.Queue[schemas.Reply] = asyncio.Queue()
+        self._waiting[request_id] = replies
+        return replies
 
     def forget(self, request_id: str) -> None:
         self._waiting.pop(request_id, None)

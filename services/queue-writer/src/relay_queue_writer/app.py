@@ -11,10 +11,12 @@ from pathlib import Path
 from fastapi import FastAPI
 from pydantic import Field
 
-from relay_bus import ping, topics
+from relay_bus import ping, schemas, topics
 from relay_bus.bus import Bus
 from relay_bus.config import KafkaSettings
+from relay_bus.consumers import Received
 from relay_bus.lifecycle import BusLifecycle
+from relay_queue_writer.admin import AdminRequests
 from relay_queue_writer.stores import Stores
 from relay_runtime import ownership, settings
 from relay_runtime.probes import probe_routes
@@ -38,9 +40,17 @@ def build(config: QueueWriterSettings) -> tuple[FastAPI, BusLifecycle]:
     ordinal = ownership.resolve_ordinal(config.data)
     replicas = config.data.replicas
     owned = ownership.owned_partitions(config.kafka.partitions, ordinal, replicas)
-    bus.consumer(topics.QUEUE_COMMANDS, forward, group_id=GROUP, partitions=owned)
-
     stores = Stores(config.data.dir, readiness, config.dump_interval_s)
+    admin = AdminRequests(bus, stores, config.instance)
+
+    async def handle(received: Received) -> None:
+        record = received.record
+        if isinstance(record, schemas.AdminRequest):
+            await admin.handle(received, record)
+        else:
+            await forward(received)
+
+    bus.consumer(topics.QUEUE_COMMANDS, handle, group_id=GROUP, partitions=owned)
 
     async def open_data_dir() -> None:
         ownership.claim_data_dir(config.data.dir, SERVICE, ordinal, replicas)
@@ -48,6 +58,9 @@ def build(config: QueueWriterSettings) -> tuple[FastAPI, BusLifecycle]:
 
     app = FastAPI(title="Relay queue-writer", routes=probe_routes(readiness))
     lifecycle = BusLifecycle(
-        bus, config.startup_timeout_s, before_start=(open_data_dir,), after_stop=(stores.close,)
+        bus,
+        config.startup_timeout_s,
+        before_start=(open_data_dir,),
+        after_stop=(admin.close, stores.close),
     )
     return app, lifecycle
