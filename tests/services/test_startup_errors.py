@@ -177,3 +177,30 @@ def test_sigterm_stops_a_service_within_ten_seconds(kafka: Broker, tmp_path: Pat
             assert entry["instance"]
     finally:
         process.kill()
+
+
+def test_corrupt_store_log_stops_the_start_unless_repairing(kafka: Broker, tmp_path: Path) -> None:
+    from relay_storelog.store import StoreLog, StoreLogSettings
+    from tests.storelog import script
+
+    store = StoreLog(StoreLogSettings(root=tmp_path / "store"))
+    for i in range(3):
+        script.apply(store, i)
+    store.close()
+    (log,) = (tmp_path / "store").glob("store-*.log")
+    data = bytearray(log.read_bytes())
+    data[data.index(b"\n") + 5] ^= 0x01  # inside the second of three lines
+    log.write_bytes(bytes(data))
+    env = {"RELAY_KAFKA__BOOTSTRAP_SERVERS": kafka.bootstrap, "RELAY_DATA__DIR": str(tmp_path)}
+    result = _run("relay-queue-writer", RELAY_HTTP__PORT="0", **env)
+    _assert_one_line(
+        result,
+        exits.EXIT_CONFIG,
+        f"store log: {log.name} line 2: checksum mismatch; "
+        "RELAY_STORE_REPAIR=true starts anyway, skipping it",
+    )
+    with helpers.running_service("relay-queue-writer", RELAY_STORE_REPAIR="true", **env):
+        pass
+    repaired = StoreLog(StoreLogSettings(root=tmp_path / "store"))  # the next start is clean
+    assert sorted(repaired.queues) == ["r00000", "r00002"]
+    repaired.close()

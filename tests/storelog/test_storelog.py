@@ -96,12 +96,16 @@ def test_corrupt_record_in_the_middle_stops_the_start_unless_repairing(tmp_path:
     path.write_bytes(bytes(data))
     with pytest.raises(
         StoreLogCorrupt,
-        match=rf"^{path.name} line 2: checksum mismatch \(start with repair to skip it\)$",
+        match=rf"^{path.name} line 2: checksum mismatch$",
     ):
         StoreLog(StoreLogSettings(root=tmp_path))
     store = StoreLog(StoreLogSettings(root=tmp_path), repair=True)
     assert sorted(store.queues) == [f"r{i:05d}" for i in (0, 2, 3, 4)]
+    assert store.skipped == 1
     store.close()
+    again = StoreLog(StoreLogSettings(root=tmp_path))  # the repair was dumped: a plain start
+    assert sorted(again.queues) == [f"r{i:05d}" for i in (0, 2, 3, 4)]
+    again.close()
 
 
 @pytest.mark.parametrize(

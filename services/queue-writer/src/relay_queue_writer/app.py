@@ -31,6 +31,9 @@ class QueueWriterSettings(settings.ServiceSettings):
     data: settings.DataSettings = settings.DataSettings(dir=Path("./var/queue-writer"))
     dump_interval_s: float = Field(3600.0, ge=0)
     """Seconds between store-log dumps; 0 switches the timer off (the operator drives dumps)."""
+    store_repair: bool = False
+    """Start even if the store log has unreadable records in the middle, skipping them (each
+    is logged). Off by default: such a start loses the skipped changes."""
 
 
 def build(config: QueueWriterSettings) -> tuple[FastAPI, BusLifecycle]:
@@ -40,7 +43,7 @@ def build(config: QueueWriterSettings) -> tuple[FastAPI, BusLifecycle]:
     ordinal = ownership.resolve_ordinal(config.data)
     replicas = config.data.replicas
     owned = ownership.owned_partitions(config.kafka.partitions, ordinal, replicas)
-    stores = Stores(config.data.dir, readiness, config.dump_interval_s)
+    stores = Stores(config.data.dir, readiness, config.dump_interval_s, repair=config.store_repair)
     admin = AdminRequests(bus, stores, config.instance)
 
     async def handle(received: Received) -> None:
