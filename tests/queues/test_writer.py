@@ -61,7 +61,8 @@ def _send(rules: QueueRules, r: Recipient, body: bytes = b"hi", ttl_s: int | Non
 def test_create_is_idempotent(rules: QueueRules) -> None:
     r = _created(rules)
     again = rules.create(r.queue, r.sender, r.key, NOW + 5)
-    assert again.status == 201 and again.seq is None  # nothing stored the second time
+    assert again.status == 201
+    assert again.seq is None
     clash = rules.create(r.queue, ids.new_id(), r.key, NOW)
     assert clash.code == "UNAVAILABLE"
 
@@ -77,8 +78,11 @@ def test_send_head_ack_in_order(rules: QueueRules) -> None:
     wrong = rules.ack(r.queue, second, r.signed(), NOW)
     assert (wrong.status, wrong.code) == (404, "NO_MSG")
     acked = rules.ack(r.queue, first, r.signed(), NOW)
-    assert acked.status == 200 and acked.data is not None and acked.data["msg_id"] == second
-    assert acked.events[0].head is not None and acked.events[0].head.msg_id == second
+    assert acked.status == 200
+    assert acked.data is not None
+    assert acked.data["msg_id"] == second
+    assert acked.events[0].head is not None
+    assert acked.events[0].head.msg_id == second
     assert rules.ack(r.queue, second, r.signed(), NOW).status == 204
     assert rules.head(r.queue, r.signed(), NOW).status == 204
 
@@ -109,7 +113,9 @@ def test_quota_refuses_and_delivers_one_marker(rules: QueueRules) -> None:
         seen.append(outcome.data)
         outcome = rules.ack(r.queue, outcome.data["msg_id"], r.signed(), NOW)
     assert [m["msg_id"] for m in seen[:3]] == sent
-    assert len(seen) == 4 and seen[3]["quota"] is True and "body" not in seen[3]
+    assert len(seen) == 4
+    assert seen[3]["quota"] is True
+    assert "body" not in seen[3]
     _send(rules, r)  # drained: writes are accepted again
 
 
@@ -144,7 +150,8 @@ def test_suspend_refuses_sends_but_lets_the_recipient_drain(rules: QueueRules) -
     assert rules.suspend(r.queue, r.signed(), NOW).seq is None  # already suspended
     assert rules.send(r.sender, ids.new_id(), b"x", None, NOW).code == "FORBIDDEN"
     info = rules.info(r.queue, r.signed()).data
-    assert info is not None and info["status"] == "suspended"
+    assert info is not None
+    assert info["status"] == "suspended"
     assert rules.ack(r.queue, msg_id, r.signed(), NOW).status == 204
 
 
@@ -152,7 +159,8 @@ def test_delete_removes_the_queue(rules: QueueRules, tmp_path: Path) -> None:
     r = _created(rules)
     _send(rules, r)
     deleted = rules.delete(r.queue, r.signed())
-    assert deleted.status == 204 and deleted.events[0].kind == "deleted"
+    assert deleted.status == 204
+    assert deleted.events[0].kind == "deleted"
     assert rules.info(r.queue, r.signed()).code == "AUTH"
     assert rules.send(r.sender, ids.new_id(), b"x", None, NOW).code == "NOT_FOUND"
     assert not [p for p in (tmp_path / "journal" / "queues").rglob("*") if p.is_file()]
@@ -166,10 +174,12 @@ def test_expired_messages_are_not_delivered_but_an_expired_head_in_flight_can_be
     second = _send(rules, r, ttl_s=1)
     third = _send(rules, r)
     head = rules.head(r.queue, r.signed(), NOW)
-    assert head.data is not None and head.data["msg_id"] == first
+    assert head.data is not None
+    assert head.data["msg_id"] == first
     later = NOW + 2000
     acked = rules.ack(r.queue, first, r.signed(), later)  # handed out before it expired
-    assert acked.data is not None and acked.data["msg_id"] == third  # second expired: skipped
+    assert acked.data is not None
+    assert acked.data["msg_id"] == third
     assert second not in str(acked.data)
 
 
@@ -178,8 +188,10 @@ def test_subscribe_and_sweep_tell_delivery_the_head(rules: QueueRules) -> None:
     msg_id = _send(rules, r, ttl_s=1)
     sub = rules.subscribe(r.queue, r.signed(auth.sub_text(r.queue, 1)), Subscriber(2, "c"), NOW)
     (event,) = sub.events
-    assert event.kind == "subscribed" and event.subscriber == Subscriber(2, "c")
-    assert event.head is not None and event.head.msg_id == msg_id
+    assert event.kind == "subscribed"
+    assert event.subscriber == Subscriber(2, "c")
+    assert event.head is not None
+    assert event.head.msg_id == msg_id
     swept = list(rules.expire(NOW + 2000))
     assert [(e.queue, e.head) for e in swept] == [(r.queue, None)]
     assert rules.resync(ids.QueueId(ids.new_id()), Subscriber(0, "x"), NOW).events == []
