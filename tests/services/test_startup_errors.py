@@ -204,3 +204,4 @@ def test_corrupt_store_log_stops_the_start_unless_repairing(kafka: Broker, tmp_p
     repaired = StoreLog(StoreLogSettings(root=tmp_path / "store"))  # the next start is clean
     assert sorted(repaired.queues) == ["r00000", "r00002"]
     repaired.close()
+

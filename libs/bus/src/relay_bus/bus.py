@@ -26,7 +26,7 @@ from prometheus_client import Counter
 
 from relay_bus import clients, schemas, topics
 from relay_bus.config import KafkaSettings
-from relay_bus.consumers import Consumer, Handler, StartOffsets
+from relay_bus.consumers import Consumer, Handler, Revoked, StartOffsets
 from relay_runtime import exits
 from relay_runtime.readiness import Readiness
 
@@ -75,6 +75,7 @@ class Bus:
         group_id: str | None,
         partitions: Sequence[int] | None = None,
         start_offsets: StartOffsets | None = None,
+        on_revoked: Revoked | None = None,
     ) -> Consumer:
         """Register a consumer, started with the bus; see `Consumer` for the two modes."""
         consumer = Consumer(
@@ -85,6 +86,7 @@ class Bus:
             group_id=group_id,
             partitions=partitions,
             start_offsets=start_offsets,
+            on_revoked=on_revoked,
         )
         self.consumers.append(consumer)
         self.readiness.register(consumer.name)

@@ -85,6 +85,94 @@ class AdminReply(_Record):
     result: dict[str, Any]
 
 
+class QueueCommand(_Request):
+    """A client's queue request, for the queue-writer owning the queue's partition (see
+    `relay_queues.ids.partition_of`); answered with a `QueueReply`. Recipient commands carry
+    `signed` (the text the ingress built from the request) and `sig` (the client's signature)."""
+
+    kind: Literal["queue_cmd"] = "queue_cmd"
+    v: Literal[1] = 1
+    op: Literal["create", "send", "info", "head", "ack", "suspend", "delete", "sub"]
+    queue: str = ""
+    """Recipient id (every op but `send`)."""
+    sender: str = ""
+    """Sender id (`create`, `send`)."""
+    recipient_key: str = ""
+    msg_id: str = ""
+    """`send`: the id the ingress chose; `ack`: the message acknowledged."""
+    body: str = ""
+    """b64u."""
+    ttl_s: int | None = None
+    signed: str = ""
+    sig: str = ""
+    """b64u Ed25519 signature of `signed`."""
+    slot: int | None = None
+    """`sub`: the inbox slot of the ingress holding the connection; `conn` its id there."""
+    conn: str = ""
+
+
+class QueueReply(_Record):
+    kind: Literal["queue_reply"] = "queue_reply"
+    v: Literal[1] = 1
+    id: str
+    origin: str
+    status: int
+    data: dict[str, Any] | None = None
+    code: str | None = None
+    detail: str = ""
+
+
+class QueueResync(_Record):
+    """From delivery: tell me queue's head for this subscriber (delivery rebuilds its state)."""
+
+    kind: Literal["queue_resync"] = "queue_resync"
+    v: Literal[1] = 1
+    queue: str
+    slot: int = Field(ge=0)
+    conn: str
+
+
+class HeadMessage(_Record):
+    msg_id: str
+    ts: int
+    body: str = ""
+    quota: bool = False
+
+
+class QueueEvent(_Record):
+    """What a queue-writer did to a queue, for delivery (`relay_queues.delivery`); or, with
+    `event="unsubscribed"`, an ingress saying a subscriber's connection closed."""
+
+    kind: Literal["queue_event"] = "queue_event"
+    v: Literal[1] = 1
+    event: Literal["changed", "read", "subscribed", "deleted", "unsubscribed"]
+    queue: str
+    lsn: int = 0
+    head: HeadMessage | None = None
+    slot: int | None = None
+    conn: str = ""
+
+
+class Deliver(_Record):
+    """From delivery to the ingress instance holding a subscriber's connection."""
+
+    kind: Literal["deliver"] = "deliver"
+    v: Literal[1] = 1
+    frame: Literal["MSG", "END"]
+    conn: str
+    queue: str
+    head: HeadMessage | None = None
+
+
+class Marker(_Record):
+    """Written by a reader to a partition it is about to read, to learn the offset to start
+    from (the embedded broker's end offsets are unreliable)."""
+
+    kind: Literal["marker"] = "marker"
+    v: Literal[1] = 1
+    instance: str
+
+
 class InboxClaim(_Record):
     """Written by an ingress instance to its inbox slot when it takes the slot: it reads from
     this record's offset on, so replies meant for an earlier holder are never read."""
@@ -103,14 +191,32 @@ class Epoch(_Record):
     created_by: str
 
 
-Record = Ping | AdminRequest | AdminReply | InboxClaim | Epoch
+Record = (
+    Ping
+    | AdminRequest
+    | AdminReply
+    | QueueCommand
+    | QueueReply
+    | QueueResync
+    | QueueEvent
+    | Deliver
+    | Marker
+    | InboxClaim
+    | Epoch
+)
 """Every record kind; `Reply` the ones an ingress instance waits for."""
-Reply = Ping | AdminReply
+Reply = Ping | AdminReply | QueueReply
 _ADAPTER: TypeAdapter[Record] = TypeAdapter(Annotated[Record, Field(discriminator="kind")])
 _KNOWN_VERSIONS: dict[str, frozenset[int]] = {
     "ping": frozenset({1}),
     "admin": frozenset({1}),
     "admin_reply": frozenset({1}),
+    "queue_cmd": frozenset({1}),
+    "queue_reply": frozenset({1}),
+    "queue_resync": frozenset({1}),
+    "queue_event": frozenset({1}),
+    "deliver": frozenset({1}),
+    "marker": frozenset({1}),
     "inbox_claim": frozenset({1}),
     "epoch": frozenset({1}),
 }
@@ -127,6 +233,12 @@ ALLOWED_TOPICS: dict[str, frozenset[str]] = {
     ),
     "admin": frozenset({topics.QUEUE_COMMANDS}),
     "admin_reply": frozenset({topics.INGRESS_INBOX}),
+    "queue_cmd": frozenset({topics.QUEUE_COMMANDS}),
+    "queue_reply": frozenset({topics.INGRESS_INBOX}),
+    "queue_resync": frozenset({topics.QUEUE_COMMANDS}),
+    "queue_event": frozenset({topics.QUEUE_EVENTS}),
+    "deliver": frozenset({topics.INGRESS_INBOX}),
+    "marker": frozenset({topics.QUEUE_EVENTS}),
     "inbox_claim": frozenset({topics.INGRESS_INBOX}),
     "epoch": frozenset({topics.EPOCH}),
 }

@@ -17,7 +17,7 @@ from relay_bus import topics
 from relay_bus.bus import Bus
 from relay_bus.config import KafkaSettings
 from relay_bus.lifecycle import BusLifecycle
-from relay_ingress import admin, errors
+from relay_ingress import admin, errors, queues
 from relay_ingress.context import Context
 from relay_ingress.inbox import Inbox
 from relay_runtime import exits, settings
@@ -33,6 +33,10 @@ class IngressSettings(settings.ServiceSettings):
     """Redis for connection routing, leases and rate limits (ephemeral state only)."""
     ping_timeout_s: float = Field(10.0, gt=0, le=60)
     """How long `/admin/ping` waits for its ping to come back."""
+    request_timeout_s: float = Field(10.0, gt=0, le=60)
+    """How long a client request waits for its queue-writer's answer before 503."""
+    max_body_bytes: int = Field(16384, gt=0, le=1 << 20)
+    """Largest message body accepted, decoded (TOO_LARGE beyond)."""
     admin_timeout_s: float = Field(30.0, gt=0, le=600)
     """How long admin requests to every queue-writer (`/admin/dump`) wait for all answers."""
 
@@ -80,6 +84,7 @@ def build(config: IngressSettings) -> tuple[FastAPI, BusLifecycle]:
     )
     app.state.context = Context(config=config, bus=bus, inbox=inbox)
     errors.install(app)
+    app.include_router(queues.router)
     app.include_router(admin.router)
     lifecycle = BusLifecycle(
         bus, config.startup_timeout_s, before_start=(lease_inbox,), after_stop=(close_redis,)

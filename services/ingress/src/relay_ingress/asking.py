@@ -11,11 +11,13 @@ import asyncio
 import secrets
 import time
 from collections.abc import Callable
-from typing import TypedDict
+from typing import Any, TypedDict
 
 from relay_bus import schemas, topics
 from relay_ingress.context import Context
 from relay_ingress.errors import ApiError
+
+REPLY_GRACE_S = 2.0
 
 
 class Routing(TypedDict):
@@ -85,3 +87,27 @@ async def every_queue_writer(
     finally:
         ctx.inbox.forget(request.id)
     return [answered[p] for p in sorted(answered)]
+
+
+async def command(ctx: Context, partition: int, wait_s: float, **fields: Any) -> schemas.QueueReply:
+    """Send a queue command to `partition` and wait for its reply; the reply's refusal (if
+    any) is raised as the API error it names. 503 when no answer comes within `wait_s`: the
+    command expires unapplied at the queue-writer (its deadline is in the record)."""
+    routing = _routing(ctx, wait_s)
+    request = schemas.QueueCommand(**routing, **fields)
+    replies = ctx.inbox.expect(request.id)
+    try:
+        await ctx.bus.send(topics.QUEUE_COMMANDS, request, partition=partition)
+        # A little past the deadline: the queue-writer drops the command only after it, and
+        # an answer made just before it still has to travel back.
+        reply = await asyncio.wait_for(replies.get(), wait_s + REPLY_GRACE_S)
+    except TimeoutError:
+        raise ApiError(
+            503, "UNAVAILABLE", f"no answer within {wait_s:g} s; nothing was stored"
+        ) from None
+    finally:
+        ctx.inbox.forget(request.id)
+    assert isinstance(reply, schemas.QueueReply)
+    if reply.code is not None:
+        raise ApiError(reply.status, reply.code, reply.detail)
+    return reply

@@ -79,7 +79,7 @@ class Inbox:
                 log.warning("inbox_lease_lost", slot=self.slot, error=str(error))
                 self.readiness.set("inbox", False)
 
-    async def claim_offsets(self) -> dict[int, int]:
+    async def claim_offsets(self, _: list[int]) -> dict[int, int]:
         """Write the claim record to the slot; reading starts at its offset."""
         assert self.slot is not None
         partition, offset = await self.bus.send(
