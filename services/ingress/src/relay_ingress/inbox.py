@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable, Callable
 
 import structlog
 from redis.asyncio import Redis
@@ -33,13 +34,24 @@ LEASE_S = 15.0
 
 class Inbox:
     def __init__(
-        self, redis: Redis, bus: Bus, instance: str, slots: int, readiness: Readiness
+        self,
+        redis: Redis,
+        bus: Bus,
+        instance: str,
+        slots: int,
+        readiness: Readiness,
+        *,
+        deliver: Callable[[schemas.Deliver], Awaitable[None]],
+        retaken: Callable[[], Awaitable[None]],
     ) -> None:
         self.redis = redis
         self.bus = bus
         self.instance = instance
         self.slots = slots
         self.readiness = readiness
+        self.deliver = deliver
+        self.retaken = retaken
+        """Called when the lease was lost and taken back: Redis may have lost routing state."""
         self.slot: int | None = None
         self._lock: Lock | None = None
         self._waiting: dict[str, asyncio.Queue[schemas.Reply]] = {}
@@ -74,6 +86,7 @@ class Inbox:
                     if not await self._lock.acquire(token=self.instance):
                         raise LockError("inbox slot taken by another instance") from None
                     log.warning("inbox_released_and_retaken", slot=self.slot)
+                    await self.retaken()
                 self.readiness.set("inbox", True)
             except (LockError, RedisError) as error:
                 log.warning("inbox_lease_lost", slot=self.slot, error=str(error))
@@ -89,7 +102,9 @@ class Inbox:
 
     async def handle(self, received: Received) -> None:
         reply = received.record
-        if isinstance(reply, schemas.Reply) and reply.origin == self.instance:
+        if isinstance(reply, schemas.Deliver):
+            await self.deliver(reply)
+        elif isinstance(reply, schemas.Reply) and reply.origin == self.instance:
             waiting = self._waiting.get(reply.id)
             if waiting is not None:
                 waiting.put_nowait(reply)

@@ -71,6 +71,7 @@ def build(config: QueueWriterSettings) -> tuple[FastAPI, BusLifecycle]:
         bus,
         config.startup_timeout_s,
         before_start=(open_data_dir,),
-        after_stop=(admin.close, commands.close, stores.close),
+        drain=(admin.close, commands.close),
+        after_stop=(stores.close,),
     )
     return app, lifecycle

@@ -3,8 +3,10 @@
 Invariants:
 - a record put here is sent after the journal is durable up to its `lsn` and the store log up
   to its `seq` (BRIEF §4: a 2xx means fsynced);
-- records are handed to the producer in the order they were put, so the events of one queue
-  reach its partition in the order the queue-writer applied its commands;
+- records are handed to the producer in the order they were put (`Bus.post`), so the events
+  of one queue reach its partition in the order the queue-writer applied its commands; a
+  record the broker does not take is lost: its asker gets 503, delivery resyncs from its
+  subscriptions;
 - putting never waits: concurrent commands share fsync rounds (one round covers everything put
   while the previous round ran) and produce round trips.
 """
@@ -15,14 +17,10 @@ import asyncio
 from collections import deque
 from dataclasses import dataclass
 
-import structlog
-
 from relay_bus import schemas
-from relay_bus.bus import Bus, BusUnavailableError
+from relay_bus.bus import Bus
 from relay_journal.aio import AsyncJournal
 from relay_storelog.aio import AsyncStoreLog
-
-log = structlog.get_logger(__name__)
 
 
 @dataclass(frozen=True)
@@ -39,7 +37,6 @@ class Outbox:
         self.store = store
         self._pending: deque[tuple[int | None, int | None, list[Send]]] = deque()
         self._wake = asyncio.Event()
-        self._sending: set[asyncio.Task[None]] = set()
         self._closing = False
         self._task = asyncio.create_task(self._run(), name="outbox")
 
@@ -64,27 +61,12 @@ class Outbox:
                 self.journal.durable(max(lsns)) if lsns else asyncio.sleep(0),
                 self.store.durable(max(seqs)) if seqs else asyncio.sleep(0),
             )
-            # Tasks start in creation order, so the producer sees the records in batch order.
-            sends = [send for _, _, entry in batch for send in entry]
-            task = asyncio.create_task(self._send(sends))
-            self._sending.add(task)
-            task.add_done_callback(self._sending.discard)
-
-    async def _send(self, sends: list[Send]) -> None:
-        results = await asyncio.gather(
-            *(self.bus.send(s.topic, s.record, partition=s.partition) for s in sends),
-            return_exceptions=True,
-        )
-        for send, result in zip(sends, results, strict=True):
-            if isinstance(result, BusUnavailableError):
-                # The change is durable; its asker gets 503 and may retry (at least once).
-                log.warning("outbox_send_failed", topic=send.topic, kind=send.record.kind)
-            elif isinstance(result, BaseException):
-                log.error("outbox_send_failed", topic=send.topic, error=repr(result))
+            for _, _, sends in batch:
+                for send in sends:
+                    self.bus.post(send.topic, send.record, partition=send.partition)
 
     async def close(self) -> None:
         """Send everything put so far (once durable), then stop."""
         self._closing = True
         self._wake.set()
         await self._task
-        await asyncio.gather(*self._sending, return_exceptions=True)
