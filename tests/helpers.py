@@ -10,9 +10,13 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from relayctl import embedded
+import httpx
+import psutil
+
+from relayctl import embedded, state
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -116,8 +120,6 @@ def service_env(**overrides: str) -> dict[str, str]:
 def running_service(script: str, ready_timeout_s: float = 30, **env: str) -> Iterator[str]:
     """Start a service's console script on a free port; yield its URL once `/readyz` is 200.
     Stops it with SIGTERM (and checks it exits 0) when the block ends."""
-    import httpx
-
     port = free_port()
     process = subprocess.Popen(
         [str(BIN / script)],
@@ -144,6 +146,80 @@ def running_service(script: str, ready_timeout_s: float = 30, **env: str) -> Ite
         process.terminate()
         _, stderr = process.communicate(timeout=15)
         assert process.returncode == 0, stderr[-2000:]
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+READY_BUDGET_S = 60.0
+
+
+@dataclass
+class Running:
+    process: subprocess.Popen[str]
+    data_dir: Path
+    ready_line: str
+    descendants: set[int] = field(default_factory=set)
+
+    @property
+    def state(self) -> state.SuiteState:
+        found = state.read_state(self.data_dir)
+        assert found is not None
+        return found
+
+    def token(self) -> str:
+        return (self.data_dir / "admin-token").read_text().strip()
+
+    def ping(self, url: str | None = None, timeout_s: float = 15) -> httpx.Response:
+        return httpx.get(
+            f"{url or self.state.ingress_url}/admin/ping",
+            headers={"Authorization": f"Bearer {self.token()}"},
+            timeout=timeout_s,
+        )
+
+    def collect_descendants(self) -> None:
+        self.descendants |= {
+            p.pid for p in psutil.Process(self.process.pid).children(recursive=True)
+        }
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+@contextmanager
+def suite(
+    tmp_path: Path, *args: str, entry: list[str] | None = None, **env: str
+) -> Iterator[Running]:
+    """`relayctl up` (or `entry`) with data under `tmp_path`; yields once its ready line is out.
+    `env` goes to every service (settings such as RELAY_WS_FRAMES_PER_S)."""
+    data_dir = tmp_path / "var"
+    command = [*(entry or [str(BIN / "relayctl"), "up"]), "--data-dir", str(data_dir), *args]
+    process = subprocess.Popen(
+        command,
+        cwd=ROOT,
+        env=service_env(**env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    running = Running(process, data_dir, "")
+    try:
+        started = time.monotonic()
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        assert line.startswith("Relay ready at "), (
+            line,
+            process.stderr.read() if process.poll() else "",
+        )
+        assert time.monotonic() - started < READY_BUDGET_S
+        running.ready_line = line
+        running.collect_descendants()
+        yield running
     finally:
         if process.poll() is None:
             process.kill()

@@ -7,9 +7,6 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -17,79 +14,11 @@ import psutil
 import pytest
 
 from relayctl import state
-from tests.helpers import BIN, ROOT, free_port, port_free, service_env
+from tests.helpers import BIN, ROOT, Running, alive, free_port, port_free, service_env, suite
 
 pytestmark = pytest.mark.suite
 
-READY_BUDGET_S = 60.0
 SERVICES = ["queue-writer", "delivery", "retainer", "replicator", "ingress"]
-
-
-@dataclass
-class Running:
-    process: subprocess.Popen[str]
-    data_dir: Path
-    ready_line: str
-    descendants: set[int] = field(default_factory=set)
-
-    @property
-    def state(self) -> state.SuiteState:
-        found = state.read_state(self.data_dir)
-        assert found is not None
-        return found
-
-    def token(self) -> str:
-        return (self.data_dir / "admin-token").read_text().strip()
-
-    def ping(self, url: str | None = None, timeout_s: float = 15) -> httpx.Response:
-        return httpx.get(
-            f"{url or self.state.ingress_url}/admin/ping",
-            headers={"Authorization": f"Bearer {self.token()}"},
-            timeout=timeout_s,
-        )
-
-    def collect_descendants(self) -> None:
-        self.descendants |= {
-            p.pid for p in psutil.Process(self.process.pid).children(recursive=True)
-        }
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-@contextmanager
-def suite(tmp_path: Path, *args: str, entry: list[str] | None = None) -> Iterator[Running]:
-    data_dir = tmp_path / "var"
-    command = [*(entry or [str(BIN / "relayctl"), "up"]), "--data-dir", str(data_dir), *args]
-    process = subprocess.Popen(
-        command,
-        cwd=ROOT,
-        env=service_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    running = Running(process, data_dir, "")
-    try:
-        started = time.monotonic()
-        assert process.stdout is not None
-        line = process.stdout.readline()
-        assert line.startswith("Relay ready at "), (
-            line,
-            process.stderr.read() if process.poll() else "",
-        )
-        assert time.monotonic() - started < READY_BUDGET_S
-        running.ready_line = line
-        running.collect_descendants()
-        yield running
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
 
 
 def _assert_stops_cleanly(running: Running, sig: signal.Signals = signal.SIGTERM) -> None:
@@ -98,7 +27,7 @@ def _assert_stops_cleanly(running: Running, sig: signal.Signals = signal.SIGTERM
     assert len(running.descendants) >= 7  # broker, redis and five services
     running.process.send_signal(sig)
     assert running.process.wait(timeout=25) == 0
-    assert not [pid for pid in running.descendants if _alive(pid)]
+    assert not [pid for pid in running.descendants if alive(pid)]
     assert all(port_free(port) for port in ports)
     assert state.read_state(running.data_dir) is None
 
@@ -227,7 +156,7 @@ def test_a_child_dying_at_start_stops_the_suite_and_is_named(tmp_path: Path) -> 
     assert "relay-ingress-0 exited with code 71 during start" in stderr
     assert f"port {port} on 127.0.0.1 is in use" in stderr
     assert seen
-    assert not [pid for pid in seen if _alive(pid)]
+    assert not [pid for pid in seen if alive(pid)]
 
 
 def test_killing_relayctl_leaves_no_orphans(tmp_path: Path) -> None:
@@ -236,6 +165,6 @@ def test_killing_relayctl_leaves_no_orphans(tmp_path: Path) -> None:
         running.process.send_signal(signal.SIGKILL)
         running.process.wait()
         deadline = time.monotonic() + 10
-        while [pid for pid in running.descendants if _alive(pid)]:
+        while [pid for pid in running.descendants if alive(pid)]:
             assert time.monotonic() < deadline, "children outlived relayctl"
             time.sleep(0.1)

@@ -115,11 +115,9 @@ async def _recipient(
     return reply.data
 
 
-def _message(data: dict[str, Any] | None, response: Response) -> Message | None:
-    if data is None:
-        response.status_code = 204
-        return None
-    return Message(**data)
+def _message(data: dict[str, Any] | None) -> Message | Response:
+    """200 with the message, or 204 when the queue is empty."""
+    return Response(status_code=204) if data is None else Message(**data)
 
 
 @router.post("/queues", status_code=201, response_model=QueueCreated)
@@ -172,11 +170,9 @@ async def queue_info(ctx: Ctx, recipient_id: IdPath, signed: Signed) -> QueueInf
     response_model_exclude_none=True,
     responses={204: {"description": "the queue is empty"}},
 )
-async def head(
-    ctx: Ctx, recipient_id: IdPath, signed: Signed, response: Response
-) -> Message | None:
+async def head(ctx: Ctx, recipient_id: IdPath, signed: Signed) -> Message | Response:
     """The head message; it stays in flight (not pushed to a subscriber) until ACK."""
-    return _message(await _recipient(ctx, "head", recipient_id, signed), response)
+    return _message(await _recipient(ctx, "head", recipient_id, signed))
 
 
 @router.post(
@@ -185,13 +181,9 @@ async def head(
     response_model_exclude_none=True,
     responses={204: {"description": "the queue is empty"}},
 )
-async def ack(
-    ctx: Ctx, recipient_id: IdPath, body: Ack, signed: Signed, response: Response
-) -> Message | None:
+async def ack(ctx: Ctx, recipient_id: IdPath, body: Ack, signed: Signed) -> Message | Response:
     """Acknowledge the head; answers the next message. NO_MSG if msg_id is not the head."""
-    return _message(
-        await _recipient(ctx, "ack", recipient_id, signed, msg_id=body.msg_id), response
-    )
+    return _message(await _recipient(ctx, "ack", recipient_id, signed, msg_id=body.msg_id))
 
 
 @router.post("/queues/{recipient_id}/suspend")
