@@ -12,6 +12,8 @@ from typing import Any
 import httpx
 import pytest
 import websockets
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from websockets.asyncio.client import ClientConnection
 
 from tests.api.client import Recipient, b64u
@@ -179,3 +181,86 @@ async def test_connections_per_address_are_limited(ws_url: str) -> None:
         finally:
             for ws in others:
                 await ws.close()
+
+
+_ids = st.one_of(st.none(), st.text(max_size=8), st.integers(-5, 5), st.booleans())
+_b64ish = st.one_of(
+    st.text(
+        alphabet="ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_", max_size=90
+    ),
+    st.text(max_size=20),
+)
+_times = st.one_of(
+    st.integers(-(2**40), 2**40),
+    st.just("now"),
+    st.just("stale"),
+    st.text(max_size=5),
+    st.floats(allow_nan=True),
+)
+
+
+def _frames(canary: Recipient) -> st.SearchStrategy[str | bytes]:
+    now = int(time.time())
+
+    def fix(frame: dict[str, Any]) -> str:
+        if frame.get("ts") == "now":
+            frame["ts"] = now
+        elif frame.get("ts") == "stale":
+            frame["ts"] = now - 1000
+        return json.dumps(frame)
+
+    commands = st.fixed_dictionaries(
+        {
+            "id": _ids,
+            "cmd": st.sampled_from(["SUB", "ACK", "SUBSCRIBE", "PUBLISH", "sub", "", "FLY"]),
+        },
+        optional={
+            "queue": st.one_of(st.just(canary.queue), _b64ish),
+            "msg_id": _b64ish,
+            "ts": _times,
+            "sig": _b64ish,
+            "extra": st.integers(),
+        },
+    ).map(fix)
+    return st.one_of(
+        commands,
+        st.binary(max_size=64),
+        st.text(max_size=64),
+        st.just("x" * 70_000),
+        st.recursive(
+            st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+            lambda inner: (
+                st.lists(inner, max_size=3)
+                | st.dictionaries(st.text(max_size=3), inner, max_size=3)
+            ),
+            max_leaves=8,
+        ).map(json.dumps),
+    )
+
+
+def test_fuzzed_frames_get_one_error_reply_each_and_change_nothing(
+    http: httpx.Client, ws_url: str
+) -> None:
+    canary = Recipient(http).create()
+    msg_id = canary.send(b"canary").json()["msg_id"]
+    before = canary.call("GET").json()
+
+    @given(frames=st.lists(_frames(canary), min_size=1, max_size=4))
+    @settings(
+        max_examples=60, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+    )
+    def fuzz(frames: list[str | bytes]) -> None:
+        async def run() -> None:
+            async with connect(ws_url) as ws:
+                for frame in frames:
+                    await send(ws, frame)
+                    reply = await recv(ws)
+                    assert reply.get("ok") is False, reply  # nothing here is validly signed
+                    assert reply["error"] in {"BAD_REQUEST", "AUTH", "TOO_LARGE", "RATE_LIMITED"}
+                    assert "type" not in reply
+
+        asyncio.run(run())
+
+    fuzz()
+    assert canary.call("GET").json() == before
+    assert canary.call("GET", "/head").json()["msg_id"] == msg_id

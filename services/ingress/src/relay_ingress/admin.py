@@ -15,9 +15,9 @@ from pydantic import BaseModel
 from relay_bus import schemas
 from relay_ingress import asking
 from relay_ingress.context import Ctx
-from relay_ingress.errors import ApiError
+from relay_ingress.errors import ApiError, documented
 
-router = APIRouter(prefix="/admin", tags=["admin"])
+router = APIRouter(prefix="/admin", tags=["admin"], responses=documented(400, 403, 503))
 
 
 def _require_admin(ctx: Ctx, authorization: Annotated[str | None, Header()] = None) -> None:
@@ -73,7 +73,7 @@ def _report(ping: schemas.Ping, returned_ms: float, origin: str) -> PingReport:
 async def ping(
     ctx: Ctx,
     _: Admin,
-    timeout_s: Annotated[float | None, Query(gt=0, le=60)] = None,
+    timeout_s: Annotated[float | None, Query(ge=1, le=60)] = None,
 ) -> PingReport:
     """Send a ping through every service (ingress → queue-writer → delivery → retainer →
     replicator → ingress) and report each hop's latency."""
@@ -122,7 +122,7 @@ async def dump(
     _: Admin,
     response: Response,
     wait: bool = False,
-    timeout_s: Annotated[float | None, Query(gt=0, le=600)] = None,
+    timeout_s: Annotated[float | None, Query(ge=1, le=600)] = None,
 ) -> DumpReport:
     """Start a store-log dump on every queue-writer now (a dump already running is reported
     instead of starting another). With `wait=true`, answer 200 once every dump is finished."""

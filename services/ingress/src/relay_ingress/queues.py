@@ -20,12 +20,17 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from relay_ingress import asking
 from relay_ingress.context import Context, Ctx
-from relay_ingress.errors import ApiError
+from relay_ingress.errors import ApiError, documented
 from relay_queues import auth, ids
 
-router = APIRouter(prefix="/v1", tags=["queues"])
+router = APIRouter(
+    prefix="/v1", tags=["queues"], responses=documented(400, 401, 403, 404, 413, 429, 503)
+)
 
-IdPath = Annotated[str, Path(min_length=32, max_length=32, pattern=r"^[A-Za-z0-9_-]{32}$")]
+ID_PATTERN = r"^[A-Za-z0-9_-]{32}$"
+B64U_PATTERN = r"^(?:[A-Za-z0-9_-]{4})*(?:[A-Za-z0-9_-]{2,3})?$"
+"""base64url without padding: never a length of 1 mod 4."""
+IdPath = Annotated[str, Path(pattern=ID_PATTERN)]
 MAX_TTL_S = 10 * 365 * 24 * 3600
 
 
@@ -34,7 +39,10 @@ class _Body(BaseModel):
 
 
 class NewQueue(_Body):
-    recipient_key: str = Field(description="b64u 32-byte Ed25519 public key")
+    recipient_key: str = Field(
+        pattern=r"^[A-Za-z0-9_-]{42}[AEIMQUYcgkosw048]$",
+        description="b64u 32-byte Ed25519 public key (43 characters)",
+    )
 
 
 class QueueCreated(BaseModel):
@@ -44,7 +52,7 @@ class QueueCreated(BaseModel):
 
 
 class NewMessage(_Body):
-    body: str = Field(description="b64u message body")
+    body: str = Field(pattern=B64U_PATTERN, description="b64u message body")
     ttl_s: int | None = Field(None, ge=1, le=MAX_TTL_S)
 
 
@@ -68,7 +76,7 @@ class Message(BaseModel):
 
 
 class Ack(_Body):
-    msg_id: str = Field(min_length=32, max_length=32)
+    msg_id: str = Field(pattern=ID_PATTERN)
 
 
 def _b64u(value: str, field: str) -> bytes:
