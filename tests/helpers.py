@@ -40,6 +40,15 @@ def wait_port(port: int, timeout_s: float = 10.0) -> None:
     raise TimeoutError(f"port {port} did not open")
 
 
+def two_free_ports() -> int:
+    """A port p with p + 1 free as well (the second ingress instance takes p + 1)."""
+    for _ in range(100):
+        port = free_port()
+        if port < 65535 and port_free(port + 1):
+            return port
+    raise RuntimeError("no two adjacent free ports")
+
+
 def port_free(port: int) -> bool:
     """Nothing listens on `port` (connections left in TIME_WAIT do not count)."""
     with socket.socket() as sock:

@@ -39,6 +39,10 @@ class Recipient:
         self.sender = response.json()["sender_id"]
         return self
 
+    @staticmethod
+    def b64(data: bytes) -> str:
+        return b64u(data)
+
     def sign(self, text: str) -> str:
         return b64u(self.private.sign(text.encode()))
 

@@ -14,6 +14,7 @@ import psutil
 import pytest
 
 from relayctl import state
+from tests import helpers
 from tests.helpers import BIN, ROOT, Running, alive, free_port, port_free, service_env, suite
 
 pytestmark = pytest.mark.suite
@@ -61,15 +62,6 @@ def test_readme_entry_point_starts_pings_and_stops_cleanly(tmp_path: Path) -> No
         _assert_stops_cleanly(running)
 
 
-def _two_free_ports() -> int:
-    """A port p with p + 1 free as well (the second ingress instance takes p + 1)."""
-    for _ in range(100):
-        port = free_port()
-        if port < 65535 and port_free(port + 1):
-            return port
-    raise RuntimeError("no two adjacent free ports")
-
-
 def _dump_everywhere(running: Running) -> None:
     """`relayctl dump --wait` reaches both queue-writers, which split the 8 partitions."""
     result = subprocess.run(
@@ -96,7 +88,7 @@ def _dump_everywhere(running: Running) -> None:
 
 
 def test_several_instances_dump_and_survive_broker_loss(tmp_path: Path) -> None:
-    port = _two_free_ports()
+    port = helpers.two_free_ports()
     args = [
         "--port",
         str(port),
