@@ -10,9 +10,13 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from relayctl import embedded
+import httpx
+import psutil
+
+from relayctl import embedded, state
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -34,6 +38,15 @@ def wait_port(port: int, timeout_s: float = 10.0) -> None:
         except OSError:
             time.sleep(0.05)
     raise TimeoutError(f"port {port} did not open")
+
+
+def two_free_ports() -> int:
+    """A port p with p + 1 free as well (the second ingress instance takes p + 1)."""
+    for _ in range(100):
+        port = free_port()
+        if port < 65535 and port_free(port + 1):
+            return port
+    raise RuntimeError("no two adjacent free ports")
 
 
 def port_free(port: int) -> bool:
@@ -110,3 +123,113 @@ def service_env(**overrides: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
     env.update(overrides)
     return env
+
+
+@contextmanager
+def running_service(script: str, ready_timeout_s: float = 30, **env: str) -> Iterator[str]:
+    """Start a service's console script on a free port; yield its URL once `/readyz` is 200.
+    Stops it with SIGTERM (and checks it exits 0) when the block ends."""
+    port = free_port()
+    process = subprocess.Popen(
+        [str(BIN / script)],
+        env=service_env(RELAY_HTTP__PORT=str(port), RELAY_INSTANCE=script, **env),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + ready_timeout_s
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"{script} exited: {process.communicate()[1][-2000:]}")
+            try:
+                if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{script} not ready in {ready_timeout_s} s")
+            time.sleep(0.1)
+        yield url
+        process.terminate()
+        _, stderr = process.communicate(timeout=15)
+        assert process.returncode == 0, stderr[-2000:]
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+READY_BUDGET_S = 60.0
+
+
+@dataclass
+class Running:
+    process: subprocess.Popen[str]
+    data_dir: Path
+    ready_line: str
+    descendants: set[int] = field(default_factory=set)
+
+    @property
+    def state(self) -> state.SuiteState:
+        found = state.read_state(self.data_dir)
+        assert found is not None
+        return found
+
+    def token(self) -> str:
+        return (self.data_dir / "admin-token").read_text().strip()
+
+    def ping(self, url: str | None = None, timeout_s: float = 15) -> httpx.Response:
+        return httpx.get(
+            f"{url or self.state.ingress_url}/admin/ping",
+            headers={"Authorization": f"Bearer {self.token()}"},
+            timeout=timeout_s,
+        )
+
+    def collect_descendants(self) -> None:
+        self.descendants |= {
+            p.pid for p in psutil.Process(self.process.pid).children(recursive=True)
+        }
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+@contextmanager
+def suite(
+    tmp_path: Path, *args: str, entry: list[str] | None = None, **env: str
+) -> Iterator[Running]:
+    """`relayctl up` (or `entry`) with data under `tmp_path`; yields once its ready line is out.
+    `env` goes to every service (settings such as RELAY_WS_FRAMES_PER_S)."""
+    data_dir = tmp_path / "var"
+    command = [*(entry or [str(BIN / "relayctl"), "up"]), "--data-dir", str(data_dir), *args]
+    process = subprocess.Popen(
+        command,
+        cwd=ROOT,
+        env=service_env(**env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    running = Running(process, data_dir, "")
+    try:
+        started = time.monotonic()
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        assert line.startswith("Relay ready at "), (
+            line,
+            process.stderr.read() if process.poll() else "",
+        )
+        assert time.monotonic() - started < READY_BUDGET_S
+        running.ready_line = line
+        running.collect_descendants()
+        yield running
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()

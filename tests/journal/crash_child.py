@@ -1,5 +1,6 @@
 """Child process for the crash tests: writes and acks on several queues concurrently until
-killed, printing `w q n` before and `W q n` after each durable write, `a q n` / `A q n` for acks.
+killed, printing `opening` before it opens the journal (replay and checkpoint), `ready` once it
+is open, `w q n` before and `W q n` after each durable write, `a q n` / `A q n` for acks.
 
     python -m tests.journal.crash_child ROOT SEED
 """
@@ -34,10 +35,12 @@ def msg_id(seed: int, n: int) -> bytes:
 
 async def main(root: Path, seed: int) -> None:
     rng = random.Random(seed)
+    out = sys.stdout
+    out.write("opening\n")  # a kill from here on lands in recovery (replay, checkpoint)
+    out.flush()
     journal = AsyncJournal(settings(root))
     await journal.start()
     counter = 0
-    out = sys.stdout
 
     async def worker(queue: str) -> None:
         nonlocal counter

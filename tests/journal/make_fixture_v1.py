@@ -2,12 +2,19 @@
 that introduced format 1; the files are kept so that every later build must read them:
 
     .venv/bin/python -m tests.journal.make_fixture_v1
+
+`fixtures/v1-wal` was added later by a build still writing format 1 (message, state line and
+log record versions all 1): a store killed with every kind of log record still to replay
+(write, quota marker, ack, expiry, suspend, drop). Written once, the same way:
+
+    .venv/bin/python -m tests.journal.make_fixture_v1 wal
 """
 
 from __future__ import annotations
 
 import contextlib
 import shutil
+import sys
 from pathlib import Path
 
 from relay_journal import errors
@@ -18,6 +25,8 @@ ROOT = Path(__file__).parent / "fixtures" / "v1"
 SETTINGS = {"max_queue_messages": 3, "max_file_messages": 4}
 A, B, C, D = (f"fixture{letter * 25}" for letter in "ABCD")
 T0 = 1_700_000_000_000
+WAL_ROOT = Path(__file__).parent / "fixtures" / "v1-wal"
+E, F, G, H, K = (f"fixture{letter * 25}" for letter in "EFGHK")
 
 
 def mid(n: int) -> bytes:
@@ -43,5 +52,33 @@ def main() -> None:
     journal.wal.close()
 
 
+def main_wal() -> None:
+    shutil.rmtree(WAL_ROOT, ignore_errors=True)
+    journal = QueueJournal(JournalSettings(root=WAL_ROOT, **SETTINGS))
+    for n in range(3):
+        journal.write(E, mid(50 + n), b"e%d" % n, ts_ms=T0 + n)
+    for n in range(2):
+        journal.ack(E, mid(50 + n))
+    journal.write(E, mid(53), b"e3", ts_ms=T0 + 3)  # the file's 4th message
+    journal.write(E, mid(54), b"e4", ts_ms=T0 + 4)  # rotates
+    journal.ack(E, mid(52))
+    journal.ack(E, mid(53))  # the end of the read file: switch, delete it
+    journal.write(F, mid(60), b"f0", ts_ms=T0, expires_ms=T0 + 50)
+    journal.write(F, mid(61), b"f1", ts_ms=T0)
+    assert journal.expire(F, T0 + 100) == 1
+    journal.suspend(F)
+    journal.write(G, mid(70), b"g0", ts_ms=T0)
+    journal.delete(G)
+    journal.write(H, mid(80), b"h0", ts_ms=T0)
+    journal.ack(H, mid(80))  # empty, still open: dropped when the replay closes it
+    for n in range(4):  # three messages, then the marker
+        with contextlib.suppress(errors.QuotaExceeded):
+            journal.write(K, mid(90 + n), b"k%d" % n, ts_ms=T0 + n)
+    journal.wal.close()  # killed: everything since the opening checkpoint is in the log
+
+
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:] == ["wal"]:
+        main_wal()
+    else:
+        main()

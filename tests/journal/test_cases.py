@@ -9,12 +9,20 @@ from pathlib import Path
 
 import pytest
 
-from relay_journal import errors, layout
+from relay_journal import errors, layout, records
 from relay_journal.aio import AsyncJournal
 from relay_journal.journal import QueueJournal
 from relay_journal.queue import message_file
+from relay_journal.records import Message, Pos
 from relay_journal.settings import FsyncPolicy, JournalSettings
-from tests.journal.conftest import drain, mid, qid, small
+from tests.journal.conftest import (
+    drain,
+    logged_warnings,
+    mid,
+    open_files_under,
+    qid,
+    small,
+)
 
 Q = "smpcasequeueaaaaaaaaaaaaaaaaaaaa"
 
@@ -40,6 +48,24 @@ def test_restores_from_the_last_valid_line_when_the_last_is_torn(root: Path) -> 
     reopened.close()
 
 
+def test_a_whole_message_without_state_line_is_truncated_away(root: Path) -> None:
+    """Seed 000's order (message, then state line) cut between the two: the message file holds
+    a complete, valid record that no state line (and no log record) counts."""
+    settings = small(root)
+    journal = QueueJournal(settings)
+    journal.write(Q, mid(1), b"a", ts_ms=1)
+    info = journal.info(Q)
+    path = message_file(_folder(journal), info.write.file)
+    journal.close()
+    with path.open("ab") as f:
+        f.write(records.encode_message(Message(mid(2), 2, 0, b"never acknowledged")))
+    reopened = QueueJournal(settings)
+    assert reopened.info(Q).size == 1  # loading the queue truncates its write file
+    assert path.stat().st_size == info.write.byte
+    assert drain(reopened, Q) == [b"a"]
+    reopened.close()
+
+
 def test_write_without_state_line_is_truncated_away(root: Path) -> None:
     settings = small(root)
     journal = QueueJournal(settings)
@@ -57,7 +83,15 @@ def test_write_without_state_line_is_truncated_away(root: Path) -> None:
     reopened.close()
 
 
-@pytest.mark.parametrize("missing", ["read", "write", "both"])
+MISSING_WARNINGS = {
+    "read": {"read_file_missing"},
+    "write": {"write_file_missing"},
+    "both": {"read_file_missing", "write_file_missing"},
+    "state": {"state_file_missing", "state_rebuilt_from_messages"},
+}
+
+
+@pytest.mark.parametrize("missing", ["read", "write", "both", "state"])
 def test_missing_files_are_recovered(root: Path, missing: str) -> None:
     settings = small(root)
     journal = QueueJournal(settings)
@@ -77,16 +111,53 @@ def test_missing_files_are_recovered(root: Path, missing: str) -> None:
         message_file(folder, info.read.file).unlink()
     if missing in ("write", "both"):
         message_file(folder, info.write.file).unlink()
-    reopened = QueueJournal(settings)
+    if missing == "state":
+        (folder / "queue.log").unlink()
+    with logged_warnings() as found:
+        reopened = QueueJournal(settings)
+        # `check` walks the folders: a folder that lost queue.log is still found as a queue.
+        assert reopened.check() == []
+    assert MISSING_WARNINGS[missing] <= set(found), found
+    # Nothing left in "both": the empty queue's folder is gone after `check` closed it.
+    assert (folder / "queue.log").exists() == (missing != "both")
     got = drain(reopened, Q)
-    assert got == {"read": [b"E"], "write": [b"C", b"D"], "both": []}[missing]
+    # Without queue.log the read position is lost: acked messages come again, none is lost.
+    assert (
+        got
+        == {
+            "read": [b"E"],
+            "write": [b"C", b"D"],
+            "both": [],
+            "state": [b"A", b"B", b"C", b"D", b"E"],
+        }[missing]
+    )
     reopened.write(Q, mid(9), b"after", ts_ms=9)  # and the queue works again
     assert drain(reopened, Q) == [b"after"]
     reopened.close()
 
 
-def test_eof_while_switching_read_file(root: Path) -> None:
-    """A crash after the last message of the read file was acked, before the switch."""
+def test_missing_single_message_file_is_recovered(root: Path) -> None:
+    """Read and write file are one file, and it is gone."""
+    settings = small(root)
+    journal = QueueJournal(settings)
+    journal.write(Q, mid(1), b"a", ts_ms=1)
+    journal.write(Q, mid(2), b"b", ts_ms=2)
+    info = journal.info(Q)
+    assert info.read.file == info.write.file
+    folder = _folder(journal)
+    journal.close()
+    message_file(folder, info.write.file).unlink()
+    with logged_warnings() as found:
+        reopened = QueueJournal(settings)
+        assert reopened.info(Q).size == 0
+    assert "write_file_missing" in found
+    reopened.write(Q, mid(3), b"c", ts_ms=3)
+    assert drain(reopened, Q) == [b"c"]
+    reopened.close()
+
+
+def test_drain_across_a_rotation_and_reopen(root: Path) -> None:
+    """Reading continues from the read file into the write file, across a close and reopen."""
     settings = small(root)
     journal = QueueJournal(settings)
     for n in range(3):
@@ -106,6 +177,118 @@ def test_eof_while_switching_read_file(root: Path) -> None:
     again.close()
 
 
+def _two_files(journal: QueueJournal) -> None:
+    """Q with C, D in a full read file (A, B acked) and E in the write file."""
+    for n in range(3):
+        journal.write(Q, mid(n), bytes([65 + n]), ts_ms=n)
+    for _ in range(2):
+        head = journal.peek(Q)
+        assert head is not None
+        journal.ack(Q, head.msg_id)
+    journal.write(Q, mid(3), b"D", ts_ms=3)
+    journal.write(Q, mid(4), b"E", ts_ms=4)
+
+
+def test_eof_while_switching_read_file(root: Path) -> None:
+    """Seed 000's crash between the ack of the read file's last message and the switch: the
+    last state line has the read position at the end of the read file, which still exists."""
+    settings = small(root)
+    journal = QueueJournal(settings)
+    _two_files(journal)
+    info = journal.info(Q)
+    folder = _folder(journal)
+    journal.close()
+    read_path = message_file(folder, info.read.file)
+    at_eof = records.QueueState(
+        read=Pos(info.read.file, 4, read_path.stat().st_size),
+        write=info.write,
+        size=1,
+        lsn=records.decode_state((folder / "queue.log").read_bytes().splitlines(True)[-1]).lsn,
+    )
+    with (folder / "queue.log").open("ab") as f:
+        f.write(records.encode_state(at_eof))
+    reopened = QueueJournal(settings)
+    assert reopened.info(Q).size == 1
+    assert drain(reopened, Q) == [b"E"]
+    assert not read_path.exists()  # the consumed file is deleted at the switch
+    assert reopened.info(Q).read.file == info.write.file
+    reopened.close()
+
+
+def test_rotation_and_ack_switch_delete_the_consumed_file(root: Path) -> None:
+    settings = small(root)  # quota 3, 4 messages per file
+    journal = QueueJournal(settings)
+    _two_files(journal)
+    info = journal.info(Q)
+    folder = _folder(journal)
+    # The read file rotated at exactly max_file_messages; the write file took the next one.
+    assert info.read == Pos(info.read.file, 2, info.read.byte)
+    assert info.write == Pos(info.write.file, 1, info.write.byte)
+    assert info.read.file != info.write.file
+    assert [m.body for m in journal.messages(Q)] == [b"C", b"D", b"E"]
+    read_path = message_file(folder, info.read.file)
+    for body in (b"C", b"D"):
+        head = journal.peek(Q)
+        assert head is not None
+        assert head.body == body
+        assert read_path.exists()  # not consumed until its last message is acked
+        journal.ack(Q, head.msg_id)
+    after = journal.info(Q)
+    assert after.read == Pos(info.write.file, 0, 0)  # switched to the write file...
+    assert not read_path.exists()  # ...and the consumed file is gone
+    assert all(info.read.file not in path for path in open_files_under(root))
+    assert drain(journal, Q) == [b"E"]
+    journal.close()
+
+
+def test_peek_is_cached_not_read_again(root: Path) -> None:
+    journal = QueueJournal(small(root))
+    journal.write(Q, mid(1), b"first", ts_ms=1)
+    journal.write(Q, mid(2), b"second", ts_ms=2)
+    first = journal.peek(Q)
+    assert first is not None
+    path = message_file(_folder(journal), journal.info(Q).read.file)
+    # Overwrite the head's bytes on disk: a second read of them would fail its checksum.
+    length = len(records.encode_message(first))
+    with path.open("r+b") as f:
+        f.write(b"\x00" * length)
+    with logged_warnings() as found:
+        assert journal.peek(Q) == first
+        assert journal.peek(Q) == first
+    assert found == []
+    journal.ack(Q, first.msg_id)  # the cache moves on: the next head is read from disk
+    second = journal.peek(Q)
+    assert second is not None
+    assert second.body == b"second"
+    journal.close()
+
+
+def test_bytes_past_the_recorded_position_are_never_read(root: Path) -> None:
+    """Seed 000 truncates the write file to the recorded position before each append: bytes
+    past it (here two whole, valid records no state counts) must never be delivered, also after
+    the file was rotated away and is read to its end."""
+    journal = QueueJournal(small(root))
+    for n in range(3):
+        journal.write(Q, mid(n), b"%d" % n, ts_ms=n)
+    for _ in range(2):
+        head = journal.peek(Q)
+        assert head is not None
+        journal.ack(Q, head.msg_id)
+    path = message_file(_folder(journal), journal.info(Q).write.file)
+    stray = [Message(mid(90), 1, 0, b"3"), Message(mid(91), 1, 0, b"stray")]
+    with path.open("ab") as f:
+        f.write(b"".join(records.encode_message(m) for m in stray))
+    journal.write(Q, mid(3), b"3", ts_ms=3)  # as long as the first stray record: overwrites it
+    journal.write(Q, mid(4), b"4", ts_ms=4)  # rotates: the full file becomes the read file
+    assert path.stat().st_size == journal.info(Q).read.byte + 2 * len(
+        records.encode_message(stray[0])
+    )
+    with logged_warnings() as found:
+        assert drain(journal, Q) == [b"2", b"3", b"4"]
+    assert found == []
+    journal.close()
+
+
 def test_empty_queues_leave_no_files(root: Path) -> None:
     settings = small(root)
     journal = QueueJournal(settings)
@@ -119,15 +302,27 @@ def test_empty_queues_leave_no_files(root: Path) -> None:
 
 
 def test_quota_marker_then_refusals_until_drained(root: Path) -> None:
-    journal = QueueJournal(small(root))
+    settings = small(root)
+    journal = QueueJournal(settings)
     for n in range(3):
         journal.write(Q, mid(n), b"m", ts_ms=n)
     for n in range(3, 6):
         with pytest.raises(errors.QuotaExceeded):
             journal.write(Q, mid(n), b"m", ts_ms=n)
     assert journal.size(Q) == 4  # three messages and one marker
-    assert drain(journal, Q) == [b"m", b"m", b"m", b"<quota>"]
+    journal.close()
+    journal = QueueJournal(settings)  # the refusal is on disk: still refused after a reopen
+    with pytest.raises(errors.QuotaExceeded):
+        journal.write(Q, mid(6), b"m", ts_ms=6)
+    head = journal.peek(Q)
+    assert head is not None
+    journal.ack(Q, head.msg_id)  # partly drained is not drained: still refused, no 2nd marker
+    with pytest.raises(errors.QuotaExceeded):
+        journal.write(Q, mid(7), b"m", ts_ms=7)
+    assert journal.size(Q) == 3
+    assert drain(journal, Q) == [b"m", b"m", b"<quota>"]
     journal.write(Q, mid(9), b"ok", ts_ms=9)
+    assert [m.body for m in journal.messages(Q)] == [b"ok"]
     journal.close()
 
 
@@ -163,6 +358,27 @@ def test_lru_bounds_open_queues_and_expiry_reaches_closed_queues(root: Path) -> 
     assert dict(journal.expire_all(now_ms=200)) == {q: 1 for n, q in enumerate(ids) if n % 2}
     assert journal.open_queues <= 2
     assert [journal.size(q) for q in ids] == [1, 0, 1, 0, 1, 0]
+    journal.close()
+
+
+def test_lru_closes_the_least_recently_used_and_bounds_open_files(root: Path) -> None:
+    journal = QueueJournal(small(root, max_open_queues=2))
+    a, b, c = (qid() for _ in range(3))
+    journal.write(a, mid(1), b"a", ts_ms=1)
+    journal.write(b, mid(2), b"b", ts_ms=1)
+    assert journal.peek(a) is not None  # a is now more recently used than b
+    journal.write(c, mid(3), b"c", ts_ms=1)  # so b is closed, not a
+    assert journal.info(b).open is False  # (loading b closes a, the least recent now)
+    assert journal.info(c).open is True
+    assert journal.info(a).open is False
+    many = [qid() for _ in range(20)]
+    for n, queue in enumerate(many):
+        journal.write(queue, mid(n), b"x", ts_ms=1)
+        assert journal.peek(queue) is not None  # read and write handles both open
+        assert len(open_files_under(root / "queues")) <= 2 * 2  # two queues, two files each
+    for queue in [a, b, c, *many]:
+        drain(journal, queue)
+    assert open_files_under(root / "queues") == []  # empty queues hold no open file
     journal.close()
 
 
@@ -221,6 +437,73 @@ def test_state_file_compaction_keeps_bounded_backups(root: Path) -> None:
     journal.close()
 
 
+def test_state_backups_retention_rule(root: Path) -> None:
+    """Backups (`queue.<timestamp>.log`, one per compaction) are kept while younger than the
+    maximum age; older ones go, except the newest `state_backups_keep`."""
+    settings = small(
+        root,
+        max_queue_messages=100,
+        max_file_messages=200,
+        state_compact_lines=2,
+        state_backups_keep=2,
+        state_backups_max_age_s=3600,
+    )
+    journal = QueueJournal(settings)
+    folder = _folder(journal)
+    n = 0
+
+    def backups() -> list[Path]:
+        return sorted(folder.glob("queue.*.log"))
+
+    def compact_once() -> None:
+        nonlocal n
+        before = set(backups())
+        while set(backups()) == before:
+            n += 1
+            journal.write(Q, mid(n), b"x", ts_ms=n)
+            journal.checkpoint()  # one state line per checkpoint; compaction past 2 lines
+
+    for _ in range(5):
+        compact_once()
+    assert len(backups()) == 5  # all younger than the maximum age
+    assert all(len(p.read_bytes().splitlines()) == 2 for p in backups())  # the full old file
+    old = time.time() - 7200
+    for path in backups():
+        os.utime(path, (old, old))
+    newest_old = backups()[-1]
+    compact_once()
+    kept = backups()
+    assert len(kept) == 2
+    assert newest_old in kept  # among the newest two: kept although old
+    assert len((folder / "queue.log").read_bytes().splitlines()) <= 2
+    journal.close()
+
+
+def test_sync_journal_fsync_policies(root: Path) -> None:
+    journal = QueueJournal(small(root, fsync=FsyncPolicy.ALWAYS))
+    for n in range(3):
+        lsn = journal.write(qid(), mid(n), b"x", ts_ms=1)
+        assert journal.wal.synced_lsn >= lsn  # durable when the call returns
+    journal.close()
+
+    journal = QueueJournal(small(root, fsync=FsyncPolicy.NEVER))
+    lsn = journal.write(qid(), mid(1), b"x", ts_ms=1)
+    time.sleep(0.02)
+    journal.write(qid(), mid(2), b"x", ts_ms=1)
+    assert journal.wal.synced_lsn < lsn  # only checkpoints and close sync
+    journal.close()
+
+    journal = QueueJournal(small(root, fsync=FsyncPolicy.BATCH, batch_interval_ms=200))
+    first = journal.write(qid(), mid(1), b"x", ts_ms=1)
+    assert journal.wal.synced_lsn >= first  # the first change after an interval syncs
+    second = journal.write(qid(), mid(2), b"x", ts_ms=1)
+    assert journal.wal.synced_lsn < second  # within the interval: not yet
+    time.sleep(0.25)
+    third = journal.write(qid(), mid(3), b"x", ts_ms=1)
+    assert journal.wal.synced_lsn >= third
+    journal.close()
+
+
 @pytest.mark.parametrize("policy", list(FsyncPolicy))
 def test_async_journal_under_each_fsync_policy(root: Path, policy: FsyncPolicy) -> None:
     async def run() -> None:
@@ -230,8 +513,16 @@ def test_async_journal_under_each_fsync_policy(root: Path, policy: FsyncPolicy) 
         await asyncio.gather(
             *(journal.write(q, mid(n), b"x" * n, ts_ms=n) for n, q in enumerate(ids))
         )
+        wal = journal.journal.wal
         if policy is FsyncPolicy.ALWAYS:
-            assert journal.journal.wal.synced_lsn >= journal.journal.wal.written_lsn
+            assert wal.synced_lsn >= wal.written_lsn
+        else:
+            assert wal.synced_lsn < wal.written_lsn  # the writes returned before any fsync
+            await asyncio.sleep(0.1)
+            if policy is FsyncPolicy.BATCH:
+                assert wal.synced_lsn >= wal.written_lsn  # the background round came
+            else:
+                assert wal.synced_lsn < wal.written_lsn  # NEVER: only close syncs
         await journal.close()
         reopened = QueueJournal(JournalSettings(root=root))
         assert [reopened.size(q) for q in ids] == [1] * 20

@@ -1,6 +1,7 @@
 """Crash tests: a child writing and acking is SIGKILLed at random moments (50 kill points per
-case, 4 cases: 200 per run); after each kill the journal reopens with every acknowledged write
-present, in order, and nothing acknowledged as acked comes back."""
+case, 4 cases: 200 per run), about a quarter of them while it opens the journal (replay of the
+previous kill's log, the opening checkpoint); after each kill the journal reopens with every
+acknowledged write present, in order, and nothing acknowledged as acked comes back."""
 
 from __future__ import annotations
 
@@ -20,20 +21,36 @@ from tests.journal import crash_child
 KILLS_PER_CASE = 50
 
 
-def _run_until_killed(root: Path, seed: int, rng: random.Random) -> list[str]:
-    child = subprocess.Popen(
-        [sys.executable, "-m", "tests.journal.crash_child", str(root), str(seed)],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    assert child.stdout is not None
-    assert child.stdout.readline() == "ready\n"
-    time.sleep(rng.uniform(0.0, 0.25))
-    child.send_signal(signal.SIGKILL)
-    out, _ = child.communicate()
-    return out.splitlines()
+class Child:
+    def __init__(self) -> None:
+        self.open_s = 0.01
+        """How long the last child took to open the journal (replay, checkpoint): kills meant
+        for recovery land within it, whatever the load on the machine."""
+
+    def run_until_killed(
+        self, root: Path, seed: int, rng: random.Random, *, in_recovery: bool
+    ) -> list[str]:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "tests.journal.crash_child", str(root), str(seed)],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        assert child.stdout is not None
+        assert child.stdout.readline() == "opening\n"
+        if in_recovery:
+            time.sleep(rng.uniform(0.0, self.open_s))
+            child.send_signal(signal.SIGKILL)
+            out, _ = child.communicate()
+            return ["opening", *out.splitlines()]
+        started = time.perf_counter()
+        assert child.stdout.readline() == "ready\n"
+        self.open_s = time.perf_counter() - started
+        time.sleep(rng.uniform(0.0, 0.25))
+        child.send_signal(signal.SIGKILL)
+        out, _ = child.communicate()
+        return ["opening", "ready", *out.splitlines()]
 
 
 @pytest.mark.parametrize("case", range(4))
@@ -41,8 +58,12 @@ def test_acknowledged_writes_survive_sigkill(tmp_path: Path, case: int) -> None:
     rng = random.Random(case)
     root = tmp_path / "journal"
     present: dict[str, list[int]] = {q: [] for q in crash_child.QUEUES}
+    runner = Child()
+    killed_opening = 0
     for kill in range(KILLS_PER_CASE):
-        lines = _run_until_killed(root, case * 1000 + kill + 1, rng)
+        in_recovery = rng.random() < 0.25
+        lines = runner.run_until_killed(root, case * 1000 + kill + 1, rng, in_recovery=in_recovery)
+        killed_opening += "ready" not in lines
         expected = {q: list(ids) for q, ids in present.items()}
         in_flight: dict[str, tuple[str, int]] = {}
         for line in lines:
@@ -76,3 +97,4 @@ def test_acknowledged_writes_survive_sigkill(tmp_path: Path, case: int) -> None:
                 present[queue] = actual
         finally:
             journal.close()
+    assert killed_opening > 0, "no kill landed while the journal was opening"

@@ -179,6 +179,8 @@ class JournalMachine(RuleBasedStateMachine):
         for queue, model in self.model.items():
             info = self.journal.info(queue)
             assert info.size == len(model.messages)
+            stored = [(m.msg_id, m.body, m.quota) for m in self.journal.messages(queue)]
+            assert stored == [(i, body, quota) for i, body, _, quota in model.messages]
             assert info.suspended == model.suspended
             assert info.can_write == model.can_write
         assert self.journal.open_queues <= self.settings.max_open_queues

@@ -66,6 +66,12 @@ def test_unknown_versions_are_refused_by_name() -> None:
     line = f"{text} crc={zlib.crc32(text.encode()):08x}\n".encode()
     with pytest.raises(records.RecordError, match="unknown state line version 9"):
         records.decode_state(line)
+    frame = records.encode_log(LogRecord(Op.SUSPEND, 5, "q" * 32))
+    payload = bytearray(frame[8:])
+    payload[0] = 3  # the version byte, re-framed with a valid checksum
+    reframed = len(payload).to_bytes(4, "big") + zlib.crc32(payload).to_bytes(4, "big")
+    with pytest.raises(records.RecordError, match="unknown log record version 3"):
+        records.decode_log(reframed + bytes(payload), 0)
 
 
 @given(

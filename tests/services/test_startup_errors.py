@@ -115,7 +115,7 @@ def test_changed_number_of_instances_is_refused(kafka: Broker, tmp_path: Path) -
     )
 
 
-def test_mismatched_topic_on_a_keeping_broker_is_refused(kafka: Broker) -> None:
+def test_mismatched_topic_on_a_keeping_broker_is_refused(kafka: Broker, redis_url: str) -> None:
     import asyncio
 
     from relay_bus import clients, topics
@@ -129,14 +129,19 @@ def test_mismatched_topic_on_a_keeping_broker_is_refused(kafka: Broker) -> None:
 
     asyncio.run(make_topic())
     result = _run(
-        "relay-delivery", RELAY_KAFKA__BOOTSTRAP_SERVERS=kafka.bootstrap, RELAY_HTTP__PORT="0"
+        "relay-delivery",
+        RELAY_KAFKA__BOOTSTRAP_SERVERS=kafka.bootstrap,
+        RELAY_REDIS_URL=redis_url,
+        RELAY_HTTP__PORT="0",
     )
     _assert_one_line(
         result, exits.EXIT_CONFIG, "relay.queue.events has 3 partitions, Relay needs 8"
     )
 
 
-def test_sigterm_stops_a_service_within_ten_seconds(kafka: Broker, tmp_path: Path) -> None:
+def test_sigterm_stops_a_service_within_ten_seconds(
+    kafka: Broker, tmp_path: Path, redis_url: str
+) -> None:
     import time
 
     import httpx
@@ -144,7 +149,11 @@ def test_sigterm_stops_a_service_within_ten_seconds(kafka: Broker, tmp_path: Pat
     port = free_port()
     process = subprocess.Popen(
         [str(BIN / "relay-delivery")],
-        env=service_env(RELAY_KAFKA__BOOTSTRAP_SERVERS=kafka.bootstrap, RELAY_HTTP__PORT=str(port)),
+        env=service_env(
+            RELAY_KAFKA__BOOTSTRAP_SERVERS=kafka.bootstrap,
+            RELAY_REDIS_URL=redis_url,
+            RELAY_HTTP__PORT=str(port),
+        ),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
@@ -177,3 +186,30 @@ def test_sigterm_stops_a_service_within_ten_seconds(kafka: Broker, tmp_path: Pat
             assert entry["instance"]
     finally:
         process.kill()
+
+
+def test_corrupt_store_log_stops_the_start_unless_repairing(kafka: Broker, tmp_path: Path) -> None:
+    from relay_storelog.store import StoreLog, StoreLogSettings
+    from tests.storelog import script
+
+    store = StoreLog(StoreLogSettings(root=tmp_path / "store"))
+    for i in range(3):
+        script.apply(store, i)
+    store.close()
+    (log,) = (tmp_path / "store").glob("store-*.log")
+    data = bytearray(log.read_bytes())
+    data[data.index(b"\n") + 5] ^= 0x01  # inside the second of three lines
+    log.write_bytes(bytes(data))
+    env = {"RELAY_KAFKA__BOOTSTRAP_SERVERS": kafka.bootstrap, "RELAY_DATA__DIR": str(tmp_path)}
+    result = _run("relay-queue-writer", RELAY_HTTP__PORT="0", **env)
+    _assert_one_line(
+        result,
+        exits.EXIT_CONFIG,
+        f"store log: {log.name} line 2: checksum mismatch; "
+        "RELAY_STORE_REPAIR=true starts anyway, skipping it",
+    )
+    with helpers.running_service("relay-queue-writer", RELAY_STORE_REPAIR="true", **env):
+        pass
+    repaired = StoreLog(StoreLogSettings(root=tmp_path / "store"))  # the next start is clean
+    assert sorted(repaired.queues) == ["r00000", "r00002"]
+    repaired.close()

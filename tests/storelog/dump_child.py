@@ -6,6 +6,8 @@ and keeps changing the store (printing each acknowledged change) until it is kil
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 from pathlib import Path
 
@@ -16,7 +18,11 @@ from tests.storelog import script
 
 
 def main(root: Path, step: str) -> None:
-    store = StoreLog(StoreLogSettings(root=root, crash_at=step))
+    def crash(name: str) -> None:
+        if name == step:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    store = StoreLog(StoreLogSettings(root=root, on_dump_step=crash))
     for i in range(script.DUMP_AFTER + 1):
         script.apply(store, i)
         print(i, flush=True)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -94,12 +96,16 @@ def test_corrupt_record_in_the_middle_stops_the_start_unless_repairing(tmp_path:
     path.write_bytes(bytes(data))
     with pytest.raises(
         StoreLogCorrupt,
-        match=rf"^{path.name} line 2: checksum mismatch \(start with repair to skip it\)$",
+        match=rf"^{path.name} line 2: checksum mismatch$",
     ):
         StoreLog(StoreLogSettings(root=tmp_path))
     store = StoreLog(StoreLogSettings(root=tmp_path), repair=True)
     assert sorted(store.queues) == [f"r{i:05d}" for i in (0, 2, 3, 4)]
+    assert store.skipped == 1
     store.close()
+    again = StoreLog(StoreLogSettings(root=tmp_path))  # the repair was dumped: a plain start
+    assert sorted(again.queues) == [f"r{i:05d}" for i in (0, 2, 3, 4)]
+    again.close()
 
 
 @pytest.mark.parametrize(
@@ -129,16 +135,40 @@ def test_unknown_version_and_kind_are_named() -> None:
         records.decode(line("v1 rename {}"))
 
 
+class Killed(BaseException):
+    """Stands for SIGKILL at a dump step: the dump stops there, its files stay as they are."""
+
+
+def _quiet_about_kills(args: threading.ExceptHookArgs) -> None:
+    if args.exc_type is not Killed:
+        threading.__excepthook__(args)
+
+
+threading.excepthook = _quiet_about_kills
+
+
 class StoreMachine(RuleBasedStateMachine):
-    """Random changes, dumps and 'kills' (abandoning the store without closing it: under
-    FsyncPolicy.ALWAYS every returned change is durable) restore to the model's state."""
+    """Random changes and dumps, and kills at any dump step or between changes, restore to the
+    model's state. A kill abandons the store without closing it (under FsyncPolicy.ALWAYS every
+    returned change is already durable); a kill at a dump step stops the dump there, in the
+    caller for steps 1-4 and in the dump thread for the others, leaving the files a SIGKILL at
+    that step would (the SIGKILL itself is `test_a_crash_at_each_dump_step_...`)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.dir = Path(tempfile.mkdtemp(prefix="storelog-model-"))
-        self.store = StoreLog(StoreLogSettings(root=self.dir))
+        self.kill_at: str | None = None
+        self.store = self._open()
         self.model: dict[str, records.QueueRecord] = {}
+        self.offsets: dict[str, object] = {}
         self.n = 0
+
+    def _on_step(self, name: str) -> None:
+        if name == self.kill_at:
+            raise Killed(name)
+
+    def _open(self) -> StoreLog:
+        return StoreLog(StoreLogSettings(root=self.dir, on_dump_step=self._on_step))
 
     def teardown(self) -> None:
         self.store.close()
@@ -165,21 +195,34 @@ class StoreMachine(RuleBasedStateMachine):
             self.store.delete(rid)
             del self.model[rid]
 
+    @rule(partition=st.integers(0, 3), offset=st.integers(0, 10**6))
+    def set_offsets(self, partition: int, offset: int) -> None:
+        self.store.set_offsets({"epoch": "e", f"p{partition}": offset})
+        self.offsets.update({"epoch": "e", f"p{partition}": offset})
+
     @rule(wait=st.booleans())
     def dump(self, wait: bool) -> None:
         self.store.dump()
         if wait:
             self.store.wait_dump()
 
-    @rule()
-    def kill(self) -> None:
-        self.store.wait_dump()  # a dump thread would die with the process; its files stay
+    @rule(step=st.sampled_from([None, *DUMP_STEPS]))
+    def kill(self, step: str | None) -> None:
+        if step is None:
+            self.store.wait_dump()  # a running dump would die with the process; files stay
+        else:
+            self.kill_at = step
+            with contextlib.suppress(Killed):  # steps 1-4 stop here, the others in the thread
+                self.store.dump()
+            self.store.wait_dump()
+            self.kill_at = None
         self.store.file.close()
-        self.store = StoreLog(StoreLogSettings(root=self.dir))
+        self.store = self._open()
 
     @invariant()
     def same_as_model(self) -> None:
         assert dict(self.store.queues.items()) == self.model
+        assert dict(self.store.offsets.items()) == self.offsets
 
 
 StoreMachine.TestCase.settings = hsettings(max_examples=40, stateful_step_count=30, deadline=None)

@@ -7,9 +7,6 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -17,79 +14,12 @@ import psutil
 import pytest
 
 from relayctl import state
-from tests.helpers import BIN, ROOT, free_port, port_free, service_env
+from tests import helpers
+from tests.helpers import BIN, ROOT, Running, alive, free_port, port_free, service_env, suite
 
 pytestmark = pytest.mark.suite
 
-READY_BUDGET_S = 60.0
 SERVICES = ["queue-writer", "delivery", "retainer", "replicator", "ingress"]
-
-
-@dataclass
-class Running:
-    process: subprocess.Popen[str]
-    data_dir: Path
-    ready_line: str
-    descendants: set[int] = field(default_factory=set)
-
-    @property
-    def state(self) -> state.SuiteState:
-        found = state.read_state(self.data_dir)
-        assert found is not None
-        return found
-
-    def token(self) -> str:
-        return (self.data_dir / "admin-token").read_text().strip()
-
-    def ping(self, url: str | None = None, timeout_s: float = 15) -> httpx.Response:
-        return httpx.get(
-            f"{url or self.state.ingress_url}/admin/ping",
-            headers={"Authorization": f"Bearer {self.token()}"},
-            timeout=timeout_s,
-        )
-
-    def collect_descendants(self) -> None:
-        self.descendants |= {
-            p.pid for p in psutil.Process(self.process.pid).children(recursive=True)
-        }
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-@contextmanager
-def suite(tmp_path: Path, *args: str, entry: list[str] | None = None) -> Iterator[Running]:
-    data_dir = tmp_path / "var"
-    command = [*(entry or [str(BIN / "relayctl"), "up"]), "--data-dir", str(data_dir), *args]
-    process = subprocess.Popen(
-        command,
-        cwd=ROOT,
-        env=service_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    running = Running(process, data_dir, "")
-    try:
-        started = time.monotonic()
-        assert process.stdout is not None
-        line = process.stdout.readline()
-        assert line.startswith("Relay ready at "), (
-            line,
-            process.stderr.read() if process.poll() else "",
-        )
-        assert time.monotonic() - started < READY_BUDGET_S
-        running.ready_line = line
-        running.collect_descendants()
-        yield running
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
 
 
 def _assert_stops_cleanly(running: Running, sig: signal.Signals = signal.SIGTERM) -> None:
@@ -98,7 +28,7 @@ def _assert_stops_cleanly(running: Running, sig: signal.Signals = signal.SIGTERM
     assert len(running.descendants) >= 7  # broker, redis and five services
     running.process.send_signal(sig)
     assert running.process.wait(timeout=25) == 0
-    assert not [pid for pid in running.descendants if _alive(pid)]
+    assert not [pid for pid in running.descendants if alive(pid)]
     assert all(port_free(port) for port in ports)
     assert state.read_state(running.data_dir) is None
 
@@ -132,17 +62,33 @@ def test_readme_entry_point_starts_pings_and_stops_cleanly(tmp_path: Path) -> No
         _assert_stops_cleanly(running)
 
 
-def _two_free_ports() -> int:
-    """A port p with p + 1 free as well (the second ingress instance takes p + 1)."""
-    for _ in range(100):
-        port = free_port()
-        if port < 65535 and port_free(port + 1):
-            return port
-    raise RuntimeError("no two adjacent free ports")
+def _dump_everywhere(running: Running) -> None:
+    """`relayctl dump --wait` reaches both queue-writers, which split the 8 partitions."""
+    result = subprocess.run(
+        [str(BIN / "relayctl"), "dump", "--wait", "--data-dir", str(running.data_dir)],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=service_env(),
+    )
+    assert result.returncode == 0, result.stderr
+    assert "finished: dump" in result.stdout
+    for k, partitions in ((0, "0,2,4,6"), (1, "1,3,5,7")):
+        assert f"queue-writer-{k}" in result.stdout
+        assert partitions in result.stdout
+        assert list((running.data_dir / f"queue-writer-{k}" / "store").glob("store-*.dump"))
+    started = httpx.post(
+        f"{running.state.ingress_url}/admin/dump",
+        headers={"Authorization": f"Bearer {running.token()}"},
+        timeout=30,
+    )
+    assert started.status_code == 202, started.text
+    writers = started.json()["writers"]
+    assert sorted(p for w in writers for p in w["partitions"]) == list(range(8))
 
 
-def test_broker_loss_is_survived_with_several_instances(tmp_path: Path) -> None:
-    port = _two_free_ports()
+def test_several_instances_dump_and_survive_broker_loss(tmp_path: Path) -> None:
+    port = helpers.two_free_ports()
     args = [
         "--port",
         str(port),
@@ -160,6 +106,7 @@ def test_broker_loss_is_survived_with_several_instances(tmp_path: Path) -> None:
         # Pings take random partitions: several cover both queue-writers' shares.
         for url in (None, second_ingress, None, second_ingress):
             assert running.ping(url).status_code == 200
+        _dump_everywhere(running)
         broker = next(c for c in running.state.children if c.name == "broker")
         assert broker.pid is not None
         os.kill(broker.pid, signal.SIGKILL)
@@ -201,7 +148,7 @@ def test_a_child_dying_at_start_stops_the_suite_and_is_named(tmp_path: Path) -> 
     assert "relay-ingress-0 exited with code 71 during start" in stderr
     assert f"port {port} on 127.0.0.1 is in use" in stderr
     assert seen
-    assert not [pid for pid in seen if _alive(pid)]
+    assert not [pid for pid in seen if alive(pid)]
 
 
 def test_killing_relayctl_leaves_no_orphans(tmp_path: Path) -> None:
@@ -210,6 +157,6 @@ def test_killing_relayctl_leaves_no_orphans(tmp_path: Path) -> None:
         running.process.send_signal(signal.SIGKILL)
         running.process.wait()
         deadline = time.monotonic() + 10
-        while [pid for pid in running.descendants if _alive(pid)]:
+        while [pid for pid in running.descendants if alive(pid)]:
             assert time.monotonic() < deadline, "children outlived relayctl"
             time.sleep(0.1)

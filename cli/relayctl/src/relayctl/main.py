@@ -1,9 +1,9 @@
-"""The `relayctl` command line (typer): `up`, `status`, `ping`."""
+"""The `relayctl` command line (typer): `up`, `status`, `ping`, `dump`, `journal ...`."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import httpx
 import typer
@@ -101,19 +101,38 @@ def status(data_dir: DataDir = Path("./var")) -> None:
     raise typer.Exit(0 if all_ready else 1)
 
 
+def _admin(
+    data_dir: Path,
+    method: str,
+    path: str,
+    what: str,
+    timeout_s: float,
+    params: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """Call an admin endpoint of the running suite; exit 1 naming `what` failed otherwise."""
+    running = _running(data_dir)
+    try:
+        response = httpx.request(
+            method,
+            f"{running.ingress_url}{path}",
+            params=params,
+            headers={"Authorization": f"Bearer {state.admin_token(data_dir)}"},
+            timeout=timeout_s,
+        )
+    except httpx.HTTPError as error:
+        typer.echo(f"relayctl: {what} failed: {error}", err=True)
+        raise typer.Exit(1) from None
+    if not response.is_success:
+        typer.echo(f"relayctl: {what} failed: {response.status_code} {response.text}", err=True)
+        raise typer.Exit(1)
+    body: dict[str, Any] = response.json()
+    return body
+
+
 @app.command()
 def ping(data_dir: DataDir = Path("./var")) -> None:
     """Send an admin ping through every service and print each hop's latency."""
-    running = _running(data_dir)
-    response = httpx.get(
-        f"{running.ingress_url}/admin/ping",
-        headers={"Authorization": f"Bearer {state.admin_token(data_dir)}"},
-        timeout=20,
-    )
-    if response.status_code != 200:
-        typer.echo(f"relayctl: ping failed: {response.status_code} {response.text}", err=True)
-        raise typer.Exit(1)
-    report = response.json()
+    report = _admin(data_dir, "GET", "/admin/ping", "ping", 20)
     table = Table("hop to", "instance", "latency ms", "in service ms")
     for hop in report["hops"]:
         table.add_row(
@@ -124,3 +143,32 @@ def ping(data_dir: DataDir = Path("./var")) -> None:
         )
     console.print(table)
     console.print(f"round trip {report['total_ms']:.1f} ms")
+
+
+@app.command()
+def dump(
+    data_dir: DataDir = Path("./var"),
+    wait: Annotated[
+        bool, typer.Option("--wait", help="Return once every dump is written and old files gone.")
+    ] = False,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for the answers.")] = 120.0,
+) -> None:
+    """Start a store-log dump on every queue-writer (or report the one running)."""
+    params = {"timeout_s": str(timeout)} | ({"wait": "true"} if wait else {})
+    report = _admin(data_dir, "POST", "/admin/dump", "dump", timeout + 5, params)
+    columns = ["queue-writer", "partitions", "dump"]
+    if wait:
+        columns += ["records", "bytes", "pause ms", "total s"]
+    table = Table(*columns)
+    for writer in report["writers"]:
+        row = [writer["instance"], ",".join(map(str, writer["partitions"])), str(writer["dump"])]
+        if wait:
+            row += [
+                str(writer["records"]),
+                str(writer["bytes"]),
+                f"{writer['pause_ms']:.2f}",
+                f"{writer['total_s']:.3f}",
+            ]
+        table.add_row(*row)
+    console.print(table)
+    console.print(("finished" if wait else "started") + f": dump {report['dump']}")

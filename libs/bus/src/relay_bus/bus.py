@@ -19,14 +19,14 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import structlog
 from prometheus_client import Counter
 
 from relay_bus import clients, schemas, topics
 from relay_bus.config import KafkaSettings
-from relay_bus.consumers import Consumer, Handler, StartOffsets
+from relay_bus.consumers import Consumer, Handler, Revoked, StartOffsets
 from relay_runtime import exits
 from relay_runtime.readiness import Readiness
 
@@ -65,6 +65,7 @@ class Bus:
         self._producer: clients.AIOKafkaProducer | None = None
         self._epoch_reader: clients.AIOKafkaConsumer | None = None
         self._keeper: asyncio.Task[None] | None = None
+        self._posted: set[asyncio.Task[tuple[int, int]]] = set()
         readiness.register("kafka")
 
     def consumer(
@@ -75,6 +76,7 @@ class Bus:
         group_id: str | None,
         partitions: Sequence[int] | None = None,
         start_offsets: StartOffsets | None = None,
+        on_revoked: Revoked | None = None,
     ) -> Consumer:
         """Register a consumer, started with the bus; see `Consumer` for the two modes."""
         consumer = Consumer(
@@ -85,6 +87,7 @@ class Bus:
             group_id=group_id,
             partitions=partitions,
             start_offsets=start_offsets,
+            on_revoked=on_revoked,
         )
         self.consumers.append(consumer)
         self.readiness.register(consumer.name)
@@ -220,7 +223,7 @@ class Bus:
     async def send(
         self,
         topic: str,
-        record: schemas.Ping | schemas.InboxClaim | schemas.Epoch,
+        record: schemas.Record,
         *,
         key: bytes | None = None,
         partition: int | None = None,
@@ -250,14 +253,45 @@ class Bus:
             _PRODUCED.labels(topic).inc()
             return metadata.partition, metadata.offset
 
-    async def stop(self) -> None:
-        """Stop the keeper, then consumers (they commit), then flush the producer."""
+    def post(
+        self,
+        topic: str,
+        record: schemas.Record,
+        *,
+        key: bytes | None = None,
+        partition: int | None = None,
+    ) -> None:
+        """`send` without waiting for the broker's acknowledgement. Records reach the producer
+        in call order (each send runs in a task, and tasks start in creation order), so records
+        posted to one partition keep their order. A record that cannot be sent within the send
+        budget is logged and dropped: post only what a later resync repairs, or what has no
+        waiter left to tell."""
+        task = asyncio.create_task(self.send(topic, record, key=key, partition=partition))
+        self._posted.add(task)
+        task.add_done_callback(self._posted_done)
+
+    def _posted_done(self, task: asyncio.Task[tuple[int, int]]) -> None:
+        self._posted.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("post_failed", error=str(task.exception()))
+
+    @property
+    def posting(self) -> int:
+        """Posted records not yet acknowledged by the broker."""
+        return len(self._posted)
+
+    async def stop(self, drain: Sequence[Callable[[], Awaitable[None]]] = ()) -> None:
+        """Stop the keeper, then consumers (they commit), then run the `drain` hooks (work
+        started by handled records may still send), then flush the producer."""
         if self._keeper is not None:
             self._keeper.cancel()
             await asyncio.gather(self._keeper, return_exceptions=True)
             self._keeper = None
         for consumer in self.consumers:
             await consumer.stop()
+        for hook in drain:
+            await hook()
+        await asyncio.gather(*self._posted, return_exceptions=True)
         for client in (self._epoch_reader, self._producer):
             if client is not None:
                 await client.stop()

@@ -94,4 +94,5 @@ def consumer(settings: KafkaSettings, client_id: str, group_id: str | None) -> A
         session_timeout_ms=settings.session_timeout_ms,
         heartbeat_interval_ms=settings.heartbeat_interval_ms,
         max_poll_records=500,
+        fetch_max_wait_ms=settings.fetch_max_wait_ms,
     )

@@ -39,6 +39,10 @@ class KafkaSettings(BaseModel):
     session_timeout_ms: int = Field(6000, ge=1000, le=300_000)
     heartbeat_interval_ms: int = Field(1000, ge=100, le=60_000)
     request_timeout_ms: int = Field(10_000, ge=1000, le=300_000)
+    fetch_max_wait_ms: int = Field(10, ge=1, le=10_000)
+    """Longest a fetch waits for data. The embedded broker answers a fetch only when this runs
+    out (records wait half of it on average), so it is low; a real broker answers as soon as
+    data arrives, and a low value there only adds fetches while a consumer is idle."""
     topic_check_interval_s: float = Field(1.0, gt=0, le=300)
     """How often each service checks that its topics exist and the broker kept its log."""
     recreate_mismatched_topics: bool = False

@@ -5,7 +5,10 @@ Invariants:
   every earlier one of its partition; a handler that raises is retried from the same record
   after a back-off, so a record is never skipped because its handler failed;
 - a record this build cannot decode is counted, logged once and skipped (it would fail forever);
-- `stop()` lets the batch in hand finish, commits, and leaves the group before returning.
+- `stop()` lets the batch in hand finish, commits, and leaves the group before returning;
+- with `start_offsets`, reading starts where it says, on every assignment (fixed partitions at
+  start, a group's partitions at each rebalance) and again after the broker lost its log;
+  without it, from the committed offset (then the earliest), and from offset 0 after a loss.
 """
 
 from __future__ import annotations
@@ -40,11 +43,13 @@ class Received:
     partition: int
     offset: int
     key: bytes | None
-    record: schemas.Ping | schemas.InboxClaim | schemas.Epoch
+    record: schemas.Record
 
 
 Handler = Callable[[Received], Awaitable[None]]
-StartOffsets = Callable[[], Awaitable[dict[int, int]]]
+StartOffsets = Callable[[list[int]], Awaitable[dict[int, int]]]
+"""Given the partitions just assigned, the offset to start each at (missing ones: as usual)."""
+Revoked = Callable[[list[int]], Awaitable[None]]
 
 
 class _GroupListener(clients.ConsumerRebalanceListener):  # type: ignore[misc]
@@ -53,8 +58,11 @@ class _GroupListener(clients.ConsumerRebalanceListener):  # type: ignore[misc]
 
     async def on_partitions_revoked(self, revoked: set[clients.TopicPartition]) -> None:
         await self.owner._commit()
+        if self.owner.on_revoked is not None and revoked:
+            await self.owner.on_revoked(sorted(tp.partition for tp in revoked))
 
     async def on_partitions_assigned(self, assigned: set[clients.TopicPartition]) -> None:
+        await self.owner._seek_start(sorted(tp.partition for tp in assigned))
         self.owner.assigned = True
         log.info(
             "partitions_assigned",
@@ -78,6 +86,7 @@ class Consumer:
         group_id: str | None,
         partitions: Sequence[int] | None = None,
         start_offsets: StartOffsets | None = None,
+        on_revoked: Revoked | None = None,
     ) -> None:
         if partitions is None and group_id is None:
             raise ValueError("a group consumer needs a group_id")
@@ -88,6 +97,7 @@ class Consumer:
         self.group_id = group_id
         self.partitions = list(partitions) if partitions is not None else None
         self.start_offsets = start_offsets
+        self.on_revoked = on_revoked
         self.assigned = False
         self._consumer: clients.AIOKafkaConsumer | None = None
         self._task: asyncio.Task[None] | None = None
@@ -113,10 +123,14 @@ class Consumer:
         assert self.partitions is not None
         tps = [clients.TopicPartition(self.topic, p) for p in self.partitions]
         self._consumer.assign(tps)
-        if self.start_offsets is not None:
-            for partition, offset in (await self.start_offsets()).items():
-                self._consumer.seek(clients.TopicPartition(self.topic, partition), offset)
+        await self._seek_start(self.partitions)
         self.assigned = True
+
+    async def _seek_start(self, partitions: list[int]) -> None:
+        if self.start_offsets is None or self._consumer is None or not partitions:
+            return
+        for partition, offset in (await self.start_offsets(partitions)).items():
+            self._consumer.seek(clients.TopicPartition(self.topic, partition), offset)
 
     def reset_to_beginning(self) -> None:
         """The broker lost its log (a new epoch): read every partition again from offset 0."""
@@ -137,7 +151,9 @@ class Consumer:
                 self._reset_requested = False
                 self._handled.clear()
                 assignment = self._consumer.assignment()
-                if assignment:
+                if assignment and self.start_offsets is not None:
+                    await self._seek_start(sorted(tp.partition for tp in assignment))
+                elif assignment:
                     await self._consumer.seek_to_beginning(*assignment)
             try:
                 batches = await self._consumer.getmany(timeout_ms=200, max_records=500)

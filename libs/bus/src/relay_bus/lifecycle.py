@@ -1,7 +1,8 @@
 """The lifecycle of a service whose only dependency is the bus (plus optional hooks).
 
 Invariant: start runs `before_start` hooks, then the bus, within `startup_timeout_s`; stop
-stops the bus (consumers commit) and then runs `after_stop` hooks, each at most once.
+stops the consumers (they commit), runs the `drain` hooks while the producer still works, stops
+the producer, then runs `after_stop` hooks, each at most once.
 """
 
 from __future__ import annotations
@@ -20,11 +21,13 @@ class BusLifecycle:
         startup_timeout_s: float,
         *,
         before_start: tuple[Hook, ...] = (),
+        drain: tuple[Hook, ...] = (),
         after_stop: tuple[Hook, ...] = (),
     ) -> None:
         self.bus = bus
         self.startup_timeout_s = startup_timeout_s
         self.before_start = before_start
+        self.drain = drain
         self.after_stop = after_stop
         self._stopped = False
 
@@ -37,6 +40,6 @@ class BusLifecycle:
         if self._stopped:
             return
         self._stopped = True
-        await self.bus.stop()
+        await self.bus.stop(self.drain)
         for hook in self.after_stop:
             await hook()

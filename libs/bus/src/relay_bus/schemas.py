@@ -10,7 +10,7 @@ Invariants:
 from __future__ import annotations
 
 import time
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
@@ -34,27 +34,143 @@ class Hop(_Record):
     sent_ms: float
 
 
-class Ping(_Record):
-    """The admin ping: ingress → queue-writer → delivery → retainer → replicator → ingress."""
+class _Request(_Record):
+    """A record whose answer goes back to the ingress instance that waits for it."""
 
-    kind: Literal["ping"] = "ping"
-    v: Literal[1] = 1
     id: str
     origin: str
     """Ingress instance that waits for the reply."""
     reply_slot: int = Field(ge=0)
     """The origin's inbox partition."""
-    started_ms: float
     deadline_ms: float
-    """Past this time the origin has given up: hops drop the ping instead of forwarding it."""
-    hops: tuple[Hop, ...] = ()
+    """Past this time the origin has given up: whoever holds the request drops it."""
 
     def expired(self, now_ms: float | None = None) -> bool:
         return (now_ms if now_ms is not None else now_ms_()) > self.deadline_ms
 
+
+class Ping(_Request):
+    """The admin ping: ingress → queue-writer → delivery → retainer → replicator → ingress."""
+
+    kind: Literal["ping"] = "ping"
+    v: Literal[1] = 1
+    started_ms: float
+    hops: tuple[Hop, ...] = ()
+
     def with_hop(self, service: str, instance: str, received_ms: float) -> Ping:
         hop = Hop(service=service, instance=instance, received_ms=received_ms, sent_ms=now_ms_())
         return self.model_copy(update={"hops": (*self.hops, hop)})
+
+
+class AdminRequest(_Request):
+    """An admin operation for every queue-writer (`/admin/dump`, queue stats). The ingress sends
+    one copy to each command partition; a queue-writer runs the operation once per `id` and
+    answers once per partition it owns, so the asker knows when every owner has answered."""
+
+    kind: Literal["admin"] = "admin"
+    v: Literal[1] = 1
+    op: Literal["dump", "stats"]
+    wait: bool = False
+    """For `dump`: answer when the dump is finished (files renamed, old ones removed)."""
+
+
+class AdminReply(_Record):
+    kind: Literal["admin_reply"] = "admin_reply"
+    v: Literal[1] = 1
+    id: str
+    origin: str
+    partition: int = Field(ge=0)
+    """The command partition this answer covers."""
+    instance: str
+    result: dict[str, Any]
+
+
+class QueueCommand(_Request):
+    """A client's queue request, for the queue-writer owning the queue's partition (see
+    `relay_queues.ids.partition_of`); answered with a `QueueReply`. Recipient commands carry
+    `signed` (the text the ingress built from the request) and `sig` (the client's signature)."""
+
+    kind: Literal["queue_cmd"] = "queue_cmd"
+    v: Literal[1] = 1
+    op: Literal["create", "send", "info", "head", "ack", "suspend", "delete", "sub"]
+    queue: str = ""
+    """Recipient id (every op but `send`)."""
+    sender: str = ""
+    """Sender id (`create`, `send`)."""
+    recipient_key: str = ""
+    msg_id: str = ""
+    """`send`: the id the ingress chose; `ack`: the message acknowledged."""
+    body: str = ""
+    """b64u."""
+    ttl_s: int | None = None
+    signed: str = ""
+    sig: str = ""
+    """b64u Ed25519 signature of `signed`."""
+    slot: int | None = None
+    """`sub`: the inbox slot of the ingress holding the connection; `conn` its id there."""
+    conn: str = ""
+
+
+class QueueReply(_Record):
+    kind: Literal["queue_reply"] = "queue_reply"
+    v: Literal[1] = 1
+    id: str
+    origin: str
+    status: int
+    data: dict[str, Any] | None = None
+    code: str | None = None
+    detail: str = ""
+
+
+class QueueResync(_Record):
+    """From delivery: tell me queue's head for this subscriber (delivery rebuilds its state)."""
+
+    kind: Literal["queue_resync"] = "queue_resync"
+    v: Literal[1] = 1
+    queue: str
+    slot: int = Field(ge=0)
+    conn: str
+
+
+class HeadMessage(_Record):
+    msg_id: str
+    ts: int
+    body: str = ""
+    quota: bool = False
+
+
+class QueueEvent(_Record):
+    """What a queue-writer did to a queue, for delivery (`relay_queues.delivery`); or, with
+    `event="unsubscribed"`, an ingress saying a subscriber's connection closed."""
+
+    kind: Literal["queue_event"] = "queue_event"
+    v: Literal[1] = 1
+    event: Literal["changed", "read", "subscribed", "deleted", "unsubscribed"]
+    queue: str
+    lsn: int = 0
+    head: HeadMessage | None = None
+    slot: int | None = None
+    conn: str = ""
+
+
+class Deliver(_Record):
+    """From delivery to the ingress instance holding a subscriber's connection."""
+
+    kind: Literal["deliver"] = "deliver"
+    v: Literal[1] = 1
+    frame: Literal["MSG", "END"]
+    conn: str
+    queue: str
+    head: HeadMessage | None = None
+
+
+class Marker(_Record):
+    """Written by a reader to a partition it is about to read, to learn the offset to start
+    from (the embedded broker's end offsets are unreliable)."""
+
+    kind: Literal["marker"] = "marker"
+    v: Literal[1] = 1
+    instance: str
 
 
 class InboxClaim(_Record):
@@ -75,10 +191,32 @@ class Epoch(_Record):
     created_by: str
 
 
-BusRecord = Annotated[Ping | InboxClaim | Epoch, Field(discriminator="kind")]
-_ADAPTER: TypeAdapter[Ping | InboxClaim | Epoch] = TypeAdapter(BusRecord)
+Record = (
+    Ping
+    | AdminRequest
+    | AdminReply
+    | QueueCommand
+    | QueueReply
+    | QueueResync
+    | QueueEvent
+    | Deliver
+    | Marker
+    | InboxClaim
+    | Epoch
+)
+"""Every record kind; `Reply` the ones an ingress instance waits for."""
+Reply = Ping | AdminReply | QueueReply
+_ADAPTER: TypeAdapter[Record] = TypeAdapter(Annotated[Record, Field(discriminator="kind")])
 _KNOWN_VERSIONS: dict[str, frozenset[int]] = {
     "ping": frozenset({1}),
+    "admin": frozenset({1}),
+    "admin_reply": frozenset({1}),
+    "queue_cmd": frozenset({1}),
+    "queue_reply": frozenset({1}),
+    "queue_resync": frozenset({1}),
+    "queue_event": frozenset({1}),
+    "deliver": frozenset({1}),
+    "marker": frozenset({1}),
     "inbox_claim": frozenset({1}),
     "epoch": frozenset({1}),
 }
@@ -93,6 +231,14 @@ ALLOWED_TOPICS: dict[str, frozenset[str]] = {
             topics.INGRESS_INBOX,
         }
     ),
+    "admin": frozenset({topics.QUEUE_COMMANDS}),
+    "admin_reply": frozenset({topics.INGRESS_INBOX}),
+    "queue_cmd": frozenset({topics.QUEUE_COMMANDS}),
+    "queue_reply": frozenset({topics.INGRESS_INBOX}),
+    "queue_resync": frozenset({topics.QUEUE_COMMANDS}),
+    "queue_event": frozenset({topics.QUEUE_EVENTS}),
+    "deliver": frozenset({topics.INGRESS_INBOX}),
+    "marker": frozenset({topics.QUEUE_EVENTS}),
     "inbox_claim": frozenset({topics.INGRESS_INBOX}),
     "epoch": frozenset({topics.EPOCH}),
 }
@@ -107,11 +253,11 @@ def now_ms_() -> float:
     return time.time() * 1000
 
 
-def encode(record: Ping | InboxClaim | Epoch) -> bytes:
+def encode(record: Record) -> bytes:
     return record.model_dump_json().encode()
 
 
-def decode(data: bytes | None) -> Ping | InboxClaim | Epoch:
+def decode(data: bytes | None) -> Record:
     """Parse one record or raise `SchemaError` saying what is wrong with it."""
     if data is None:
         raise SchemaError("empty record")
@@ -135,6 +281,6 @@ def decode(data: bytes | None) -> Ping | InboxClaim | Epoch:
         ) from None
 
 
-def check_topic(record: Ping | InboxClaim | Epoch, topic: str) -> None:
+def check_topic(record: Record, topic: str) -> None:
     if topic not in ALLOWED_TOPICS[record.kind]:
         raise ValueError(f"a {record.kind!r} record may not be sent to {topic}")

@@ -12,7 +12,8 @@ Invariants:
 - a crash at any step leaves files from which restore rebuilds exactly the state before the
   crash: files it does not need are ignored with a warning naming them;
 - a torn last record of the last log is ignored with a warning; any other unreadable record
-  stops the start with `StoreLogCorrupt` naming file and line, unless `repair=True`.
+  stops the start with `StoreLogCorrupt` naming file and line, unless `repair=True`, which
+  skips such records and dumps at once, so the next start needs no repair.
 
 Not thread-safe: changes come from one thread (the service's event loop); the dump thread only
 reads its snapshot and its own files.
@@ -22,9 +23,9 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,8 +75,9 @@ class StoreLogSettings:
     root: Path
     """Folder of `store-(N).log` and `store-(N).dump` files."""
     fsync: FsyncPolicy = FsyncPolicy.ALWAYS
-    crash_at: str | None = None
-    """Tests only: SIGKILL this process at the named dump step (one of `DUMP_STEPS`)."""
+    on_dump_step: Callable[[str], None] | None = None
+    """Tests only: called after each dump step (one of `DUMP_STEPS`) with its name, to crash
+    the process there (SIGKILL) or abandon the store mid-dump (raise)."""
 
 
 @dataclass(frozen=True)
@@ -100,8 +102,16 @@ class StoreLog:
         self._dump: threading.Thread | None = None
         self._dump_number = -1
         self.last_dump: DumpResult | None = None
+        self.skipped = 0
+        """Records skipped by a `repair` start."""
         self.number = self._restore(repair) + 1
         self.file = AppendLog(self._path(self.number, "log"))
+        if self.skipped:
+            # Make the repair stick: the dump replaces the files holding the skipped records,
+            # so the next start is a plain one.
+            self.dump()
+            self.wait_dump()
+            log.warning("storelog_repaired", skipped=self.skipped, dump=self.number - 1)
 
     # -- files -----------------------------------------------------------------------------
 
@@ -171,10 +181,9 @@ class StoreLog:
                             f.truncate(len(data) - len(raw))
                         return
                     if not repair:
-                        raise StoreLogCorrupt(
-                            f"{where}: {error} (start with repair to skip it)"
-                        ) from None
+                        raise StoreLogCorrupt(f"{where}: {error}") from None
                     log.warning("storelog_record_skipped", at=where, error=str(error))
+                    self.skipped += 1
         finally:
             self.queues, self.senders, self.offsets = (
                 queues.finish(),
@@ -225,8 +234,8 @@ class StoreLog:
     # -- dumps -----------------------------------------------------------------------------
 
     def _step(self, name: str) -> None:
-        if self.settings.crash_at == name:
-            os.kill(os.getpid(), signal.SIGKILL)
+        if self.settings.on_dump_step is not None:
+            self.settings.on_dump_step(name)
 
     def dump(self) -> int:
         """Start a dump (seed 001's steps); returns its number N, or the running dump's."""

@@ -1,17 +1,22 @@
 """Delivery: consumes queue events in a consumer group and pushes deliveries to the ingress
 instance that holds each subscriber's connection.
 
-Wiring only: settings, the bus and its consumers, probe routes. Domain logic lives in libs.
+Wiring only: settings, Redis, the bus and its consumers, probe routes. Domain logic lives in
+`relay_queues.delivery`.
 """
 
 from __future__ import annotations
 
 from fastapi import FastAPI
+from pydantic import RedisDsn
+from redis.asyncio import Redis
 
 from relay_bus import ping, topics
 from relay_bus.bus import Bus
 from relay_bus.config import KafkaSettings
 from relay_bus.lifecycle import BusLifecycle
+from relay_delivery.pushes import Pushes
+from relay_routes import subscriptions
 from relay_runtime import settings
 from relay_runtime.probes import probe_routes
 from relay_runtime.readiness import Readiness
@@ -22,12 +27,38 @@ GROUP = "relay.delivery"
 
 class DeliverySettings(settings.ServiceSettings):
     kafka: KafkaSettings = KafkaSettings()
+    redis_url: RedisDsn = RedisDsn("redis://127.0.0.1:6379/0")
+    """Redis holding which ingress connection subscribes to each queue."""
 
 
 def build(config: DeliverySettings) -> tuple[FastAPI, BusLifecycle]:
     readiness = Readiness()
     bus = Bus(config.kafka, client_id=f"{SERVICE}-{config.instance}", readiness=readiness)
+    redis = Redis.from_url(str(config.redis_url), socket_timeout=5, socket_connect_timeout=2)
+    pushes = Pushes(
+        bus, subscriptions.Subscriptions(redis), config.kafka.partitions, config.instance
+    )
     forward = ping.forwarder(bus, SERVICE, config.instance, topics.PUBLICATIONS)
-    bus.consumer(topics.QUEUE_EVENTS, forward, group_id=GROUP)
+    bus.consumer(
+        topics.QUEUE_EVENTS,
+        pushes.handler(forward),
+        group_id=GROUP,
+        start_offsets=pushes.start_offsets,
+        on_revoked=pushes.revoked,
+    )
+
+    async def connect_redis() -> None:
+        await subscriptions.wait_for_redis(redis, str(config.redis_url), config.startup_timeout_s)
+
+    async def close_redis() -> None:
+        await redis.aclose()
+
     app = FastAPI(title="Relay delivery", routes=probe_routes(readiness))
-    return app, BusLifecycle(bus, config.startup_timeout_s)
+    lifecycle = BusLifecycle(
+        bus,
+        config.startup_timeout_s,
+        before_start=(connect_redis,),
+        drain=(pushes.close,),
+        after_stop=(close_redis,),
+    )
+    return app, lifecycle

@@ -6,19 +6,18 @@ nothing; the token is compared in constant time.
 
 from __future__ import annotations
 
-import asyncio
 import hmac
-import secrets
-from typing import Annotated
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Header, Query
+from fastapi import APIRouter, Depends, Header, Query, Response
 from pydantic import BaseModel
 
-from relay_bus import schemas, topics
+from relay_bus import schemas
+from relay_ingress import asking
 from relay_ingress.context import Ctx
-from relay_ingress.errors import ApiError
+from relay_ingress.errors import ApiError, documented
 
-router = APIRouter(prefix="/admin", tags=["admin"])
+router = APIRouter(prefix="/admin", tags=["admin"], responses=documented(400, 403, 503))
 
 
 def _require_admin(ctx: Ctx, authorization: Annotated[str | None, Header()] = None) -> None:
@@ -74,28 +73,68 @@ def _report(ping: schemas.Ping, returned_ms: float, origin: str) -> PingReport:
 async def ping(
     ctx: Ctx,
     _: Admin,
-    timeout_s: Annotated[float | None, Query(gt=0, le=60)] = None,
+    timeout_s: Annotated[float | None, Query(ge=1, le=60)] = None,
 ) -> PingReport:
     """Send a ping through every service (ingress → queue-writer → delivery → retainer →
     replicator → ingress) and report each hop's latency."""
-    wait_s = timeout_s or ctx.config.ping_timeout_s
-    assert ctx.inbox.slot is not None
-    started = schemas.now_ms_()
-    request = schemas.Ping(
-        id=secrets.token_urlsafe(16),
-        origin=ctx.config.instance,
-        reply_slot=ctx.inbox.slot,
-        started_ms=started,
-        deadline_ms=started + wait_s * 1000,
-    )
-    future = ctx.inbox.expect(request.id)
-    try:
-        await ctx.bus.send(topics.QUEUE_COMMANDS, request, key=secrets.token_bytes(24))
-        reply = await asyncio.wait_for(future, wait_s)
-    except TimeoutError:
-        raise ApiError(
-            503, "UNAVAILABLE", f"the ping did not come back within {wait_s:g} s"
-        ) from None
-    finally:
-        ctx.inbox.forget(request.id)
+    reply = await asking.ping(ctx, timeout_s or ctx.config.ping_timeout_s)
     return _report(reply, schemas.now_ms_(), ctx.config.instance)
+
+
+class WriterDump(BaseModel):
+    instance: str
+    partitions: list[int]
+    """The command partitions this queue-writer owns."""
+    dump: int
+    """N of `store-(N).dump`: the dump started, or the one already running."""
+    records: int | None = None
+    """With `wait`: queue records in the dump; likewise `bytes`, `pause_ms`, `total_s`."""
+    bytes: int | None = None
+    pause_ms: float | None = None
+    """How long changes waited while the snapshot was taken (seed 001's steps 1-4)."""
+    total_s: float | None = None
+
+
+class DumpReport(BaseModel):
+    dump: int
+    """N of the dump of the first queue-writer (the owner of partition 0)."""
+    writers: list[WriterDump]
+
+
+def _by_writer(replies: list[schemas.AdminReply]) -> list[tuple[str, list[int], dict[str, Any]]]:
+    """One entry per queue-writer instance, in partition order, with the partitions it owns."""
+    writers: dict[str, tuple[str, list[int], dict[str, Any]]] = {}
+    for reply in replies:
+        entry = writers.setdefault(reply.instance, (reply.instance, [], reply.result))
+        entry[1].append(reply.partition)
+    return list(writers.values())
+
+
+@router.post(
+    "/dump",
+    status_code=202,
+    response_model=DumpReport,
+    response_model_exclude_none=True,
+    responses={200: {"model": DumpReport, "description": "with `wait`: the finished dumps"}},
+)
+async def dump(
+    ctx: Ctx,
+    _: Admin,
+    response: Response,
+    wait: bool = False,
+    timeout_s: Annotated[float | None, Query(ge=1, le=600)] = None,
+) -> DumpReport:
+    """Start a store-log dump on every queue-writer now (a dump already running is reported
+    instead of starting another). With `wait=true`, answer 200 once every dump is finished."""
+    replies = await asking.every_queue_writer(
+        ctx,
+        lambda routing: schemas.AdminRequest(**routing, op="dump", wait=wait),
+        timeout_s or ctx.config.admin_timeout_s,
+    )
+    writers = [
+        WriterDump(instance=instance, partitions=partitions, **result)
+        for instance, partitions, result in _by_writer(replies)
+    ]
+    if wait:
+        response.status_code = 200
+    return DumpReport(dump=writers[0].dump, writers=writers)

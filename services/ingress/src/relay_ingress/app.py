@@ -5,22 +5,21 @@ Wiring only; request handling lives in the routers, domain logic in libs.
 
 from __future__ import annotations
 
-import asyncio
-import time
-
 from fastapi import FastAPI
 from pydantic import Field, RedisDsn
 from redis.asyncio import Redis
-from redis.exceptions import RedisError
 
 from relay_bus import topics
 from relay_bus.bus import Bus
 from relay_bus.config import KafkaSettings
 from relay_bus.lifecycle import BusLifecycle
-from relay_ingress import admin, errors
+from relay_ingress import admin, errors, queues, websocket
+from relay_ingress.connections import Connections, Limits
 from relay_ingress.context import Context
 from relay_ingress.inbox import Inbox
-from relay_runtime import exits, settings
+from relay_routes import subscriptions
+from relay_routes.subscriptions import Subscriptions
+from relay_runtime import settings
 from relay_runtime.probes import probe_routes
 from relay_runtime.readiness import Readiness
 
@@ -33,31 +32,51 @@ class IngressSettings(settings.ServiceSettings):
     """Redis for connection routing, leases and rate limits (ephemeral state only)."""
     ping_timeout_s: float = Field(10.0, gt=0, le=60)
     """How long `/admin/ping` waits for its ping to come back."""
-
-
-async def _wait_for_redis(redis: Redis, url: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            await redis.ping()
-            return
-        except (RedisError, OSError) as error:
-            if time.monotonic() + 0.5 >= deadline:
-                raise exits.StartupError(
-                    f"cannot reach Redis at {url}: {error}", exits.EXIT_UNAVAILABLE
-                ) from None
-        await asyncio.sleep(0.5)
+    request_timeout_s: float = Field(10.0, gt=0, le=60)
+    """How long a client request waits for its queue-writer's answer before 503."""
+    ws_connections_per_address: int = Field(256, ge=1)
+    """WebSocket connections one client address may hold at this instance."""
+    ws_frames_per_s: float = Field(100.0, gt=0)
+    """Frames per second a connection may send (RATE_LIMITED beyond), with a burst of
+    `ws_frame_burst`."""
+    ws_frame_burst: int = Field(200, ge=1)
+    ws_max_frame_bytes: int = Field(65536, ge=1024, le=1 << 20)
+    """Largest text frame answered; larger ones get TOO_LARGE (past 1 MiB the connection is
+    closed by the WebSocket layer)."""
+    ws_commands_in_flight: int = Field(64, ge=1, le=10_000)
+    """Commands of one connection waiting for the queue-writer at once."""
+    max_body_bytes: int = Field(16384, gt=0, le=1 << 20)
+    """Largest message body accepted, decoded (TOO_LARGE beyond)."""
+    admin_timeout_s: float = Field(30.0, gt=0, le=600)
+    """How long admin requests to every queue-writer (`/admin/dump`) wait for all answers."""
 
 
 def build(config: IngressSettings) -> tuple[FastAPI, BusLifecycle]:
     readiness = Readiness()
     bus = Bus(config.kafka, client_id=f"{SERVICE}-{config.instance}", readiness=readiness)
     redis = Redis.from_url(str(config.redis_url), socket_timeout=5, socket_connect_timeout=2)
-    inbox = Inbox(redis, bus, config.instance, config.kafka.inbox_partitions, readiness)
+    limits = Limits(
+        connections_per_address=config.ws_connections_per_address,
+        frames_per_s=config.ws_frames_per_s,
+        frame_burst=config.ws_frame_burst,
+        max_frame_bytes=config.ws_max_frame_bytes,
+        commands_in_flight=config.ws_commands_in_flight,
+    )
+    connections = Connections(bus, Subscriptions(redis), config.kafka.partitions, limits)
+    inbox = Inbox(
+        redis,
+        bus,
+        config.instance,
+        config.kafka.inbox_partitions,
+        readiness,
+        deliver=connections.deliver,
+        retaken=connections.register_all,
+    )
 
     async def lease_inbox() -> None:
-        await _wait_for_redis(redis, str(config.redis_url), config.startup_timeout_s)
+        await subscriptions.wait_for_redis(redis, str(config.redis_url), config.startup_timeout_s)
         slot = await inbox.lease()
+        connections.slot = slot
         bus.consumer(
             topics.INGRESS_INBOX,
             inbox.handle,
@@ -76,8 +95,12 @@ def build(config: IngressSettings) -> tuple[FastAPI, BusLifecycle]:
         version="0.1.0",
         routes=probe_routes(readiness),
     )
-    app.state.context = Context(config=config, bus=bus, inbox=inbox)
+    app.state.context = Context(
+        config=config, bus=bus, inbox=inbox, redis=redis, connections=connections
+    )
     errors.install(app)
+    app.include_router(queues.router)
+    app.include_router(websocket.router)
     app.include_router(admin.router)
     lifecycle = BusLifecycle(
         bus, config.startup_timeout_s, before_start=(lease_inbox,), after_stop=(close_redis,)

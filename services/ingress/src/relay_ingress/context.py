@@ -5,9 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends
+from redis.asyncio import Redis
+from starlette.requests import HTTPConnection
 
 from relay_bus.bus import Bus
+from relay_ingress.connections import Connections
 from relay_ingress.inbox import Inbox
 
 if TYPE_CHECKING:
@@ -19,10 +22,13 @@ class Context:
     config: IngressSettings
     bus: Bus
     inbox: Inbox
+    redis: Redis
+    connections: Connections
 
 
-def _context(request: Request) -> Context:
-    context = request.app.state.context
+def _context(connection: HTTPConnection) -> Context:
+    """For HTTP and WebSocket routes alike."""
+    context = connection.app.state.context
     assert isinstance(context, Context)
     return context
 

@@ -7,10 +7,12 @@ method, validation), carries one of the API's codes; nothing answers with anothe
 from __future__ import annotations
 
 from http import HTTPStatus
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from relay_bus.bus import BusUnavailableError
@@ -24,6 +26,19 @@ CODES_BY_STATUS = {
     429: "QUOTA",
     503: "UNAVAILABLE",
 }
+
+
+class ErrorBody(BaseModel):
+    error: str
+    """One of the API's codes (see `CODES_BY_STATUS`, and RATE_LIMITED on the WebSocket)."""
+    detail: str
+
+
+def documented(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` for the error statuses a router's endpoints may answer."""
+    return {
+        status: {"model": ErrorBody, "description": CODES_BY_STATUS[status]} for status in statuses
+    }
 
 
 class ApiError(Exception):

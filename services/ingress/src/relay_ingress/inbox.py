@@ -6,13 +6,15 @@ Invariants:
   renewed every `LEASE_S / 3`), so replies reach the instance whose caller waits;
 - it reads from the offset of the claim record it wrote when taking the slot, so replies meant
   for an earlier holder are never read; after a broker log loss, from offset 0;
-- a reply for a request that is no longer waiting (timed out) is dropped.
+- a reply for a request that is no longer waiting (timed out) is dropped; a request may get
+  several replies (an admin request answered once per command partition).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable, Callable
 
 import structlog
 from redis.asyncio import Redis
@@ -32,16 +34,27 @@ LEASE_S = 15.0
 
 class Inbox:
     def __init__(
-        self, redis: Redis, bus: Bus, instance: str, slots: int, readiness: Readiness
+        self,
+        redis: Redis,
+        bus: Bus,
+        instance: str,
+        slots: int,
+        readiness: Readiness,
+        *,
+        deliver: Callable[[schemas.Deliver], Awaitable[None]],
+        retaken: Callable[[], Awaitable[None]],
     ) -> None:
         self.redis = redis
         self.bus = bus
         self.instance = instance
         self.slots = slots
         self.readiness = readiness
+        self.deliver = deliver
+        self.retaken = retaken
+        """Called when the lease was lost and taken back: Redis may have lost routing state."""
         self.slot: int | None = None
         self._lock: Lock | None = None
-        self._waiting: dict[str, asyncio.Future[schemas.Ping]] = {}
+        self._waiting: dict[str, asyncio.Queue[schemas.Reply]] = {}
         self._renewer: asyncio.Task[None] | None = None
         readiness.register("inbox")
 
@@ -73,12 +86,13 @@ class Inbox:
                     if not await self._lock.acquire(token=self.instance):
                         raise LockError("inbox slot taken by another instance") from None
                     log.warning("inbox_released_and_retaken", slot=self.slot)
+                    await self.retaken()
                 self.readiness.set("inbox", True)
             except (LockError, RedisError) as error:
                 log.warning("inbox_lease_lost", slot=self.slot, error=str(error))
                 self.readiness.set("inbox", False)
 
-    async def claim_offsets(self) -> dict[int, int]:
+    async def claim_offsets(self, _: list[int]) -> dict[int, int]:
         """Write the claim record to the slot; reading starts at its offset."""
         assert self.slot is not None
         partition, offset = await self.bus.send(
@@ -88,15 +102,18 @@ class Inbox:
 
     async def handle(self, received: Received) -> None:
         reply = received.record
-        if isinstance(reply, schemas.Ping) and reply.origin == self.instance:
-            future = self._waiting.pop(reply.id, None)
-            if future is not None and not future.done():
-                future.set_result(reply)
+        if isinstance(reply, schemas.Deliver):
+            await self.deliver(reply)
+        elif isinstance(reply, schemas.Reply) and reply.origin == self.instance:
+            waiting = self._waiting.get(reply.id)
+            if waiting is not None:
+                waiting.put_nowait(reply)
 
-    def expect(self, request_id: str) -> asyncio.Future[schemas.Ping]:
-        future: asyncio.Future[schemas.Ping] = asyncio.get_running_loop().create_future()
-        self._waiting[request_id] = future
-        return future
+    def expect(self, request_id: str) -> asyncio.Queue[schemas.Reply]:
+        """Start collecting replies to `request_id`; call `forget` when done."""
+        replies: asyncio.Queue[schemas.Reply] = asyncio.Queue()
+        self._waiting[request_id] = replies
+        return replies
 
     def forget(self, request_id: str) -> None:
         self._waiting.pop(request_id, None)

@@ -11,10 +11,13 @@ from pathlib import Path
 from fastapi import FastAPI
 from pydantic import Field
 
-from relay_bus import ping, topics
+from relay_bus import ping, schemas, topics
 from relay_bus.bus import Bus
 from relay_bus.config import KafkaSettings
+from relay_bus.consumers import Received
 from relay_bus.lifecycle import BusLifecycle
+from relay_queue_writer.admin import AdminRequests
+from relay_queue_writer.commands import Commands
 from relay_queue_writer.stores import Stores
 from relay_runtime import ownership, settings
 from relay_runtime.probes import probe_routes
@@ -29,6 +32,11 @@ class QueueWriterSettings(settings.ServiceSettings):
     data: settings.DataSettings = settings.DataSettings(dir=Path("./var/queue-writer"))
     dump_interval_s: float = Field(3600.0, ge=0)
     """Seconds between store-log dumps; 0 switches the timer off (the operator drives dumps)."""
+    expire_interval_s: float = Field(3600.0, gt=0)
+    """Seconds between sweeps dropping expired messages from every queue."""
+    store_repair: bool = False
+    """Start even if the store log has unreadable records in the middle, skipping them (each
+    is logged). Off by default: such a start loses the skipped changes."""
 
 
 def build(config: QueueWriterSettings) -> tuple[FastAPI, BusLifecycle]:
@@ -38,16 +46,32 @@ def build(config: QueueWriterSettings) -> tuple[FastAPI, BusLifecycle]:
     ordinal = ownership.resolve_ordinal(config.data)
     replicas = config.data.replicas
     owned = ownership.owned_partitions(config.kafka.partitions, ordinal, replicas)
-    bus.consumer(topics.QUEUE_COMMANDS, forward, group_id=GROUP, partitions=owned)
+    stores = Stores(config.data.dir, readiness, config.dump_interval_s, repair=config.store_repair)
+    admin = AdminRequests(bus, stores, config.instance)
+    commands = Commands(bus, stores, config.kafka.partitions, config.expire_interval_s)
 
-    stores = Stores(config.data.dir, readiness, config.dump_interval_s)
+    async def handle(received: Received) -> None:
+        record = received.record
+        if isinstance(record, schemas.QueueCommand | schemas.QueueResync):
+            await commands.handle(received)
+        elif isinstance(record, schemas.AdminRequest):
+            await admin.handle(received, record)
+        else:
+            await forward(received)
+
+    bus.consumer(topics.QUEUE_COMMANDS, handle, group_id=GROUP, partitions=owned)
 
     async def open_data_dir() -> None:
         ownership.claim_data_dir(config.data.dir, SERVICE, ordinal, replicas)
         await stores.open()
+        await commands.open()
 
     app = FastAPI(title="Relay queue-writer", routes=probe_routes(readiness))
     lifecycle = BusLifecycle(
-        bus, config.startup_timeout_s, before_start=(open_data_dir,), after_stop=(stores.close,)
+        bus,
+        config.startup_timeout_s,
+        before_start=(open_data_dir,),
+        drain=(admin.close, commands.close),
+        after_stop=(stores.close,),
     )
     return app, lifecycle

@@ -24,8 +24,11 @@ log = structlog.get_logger(__name__)
 
 
 class Stores:
-    def __init__(self, data_dir: Path, readiness: Readiness, dump_interval_s: float) -> None:
+    def __init__(
+        self, data_dir: Path, readiness: Readiness, dump_interval_s: float, *, repair: bool
+    ) -> None:
         self.data_dir = data_dir
+        self.repair = repair
         self.readiness = readiness
         self.dump_interval_s = dump_interval_s
         self.journal: AsyncJournal | None = None
@@ -37,9 +40,14 @@ class Stores:
         try:
             self.journal = AsyncJournal(JournalSettings(root=self.data_dir / "journal"))
             await self.journal.start()
-            self.store = AsyncStoreLog(StoreLogSettings(root=self.data_dir / "store"))
+            self.store = AsyncStoreLog(
+                StoreLogSettings(root=self.data_dir / "store"), repair=self.repair
+            )
         except StoreLogCorrupt as error:
-            raise exits.StartupError(f"store log: {error}", exits.EXIT_CONFIG) from None
+            raise exits.StartupError(
+                f"store log: {error}; RELAY_STORE_REPAIR=true starts anyway, skipping it",
+                exits.EXIT_CONFIG,
+            ) from None
         if self.dump_interval_s > 0:
             self._timer = asyncio.create_task(self._dump_every(), name="store-dump-timer")
         self.readiness.set("stores", True)

@@ -1,0 +1,74 @@
+"""Queue and message ids, and which command partition a queue lives on.
+
+Invariants:
+- every id is 24 random bytes from the OS's CSPRNG, written base64url without padding (32 chars);
+- a queue's partition is a function of its id bytes alone (`partition_of`), and a queue's sender
+  id is drawn until it falls on its recipient id's partition, so a SEND, which names only the
+  sender id, reaches the queue-writer that owns the queue. The ids stay unguessable and
+  independent apart from sharing one of `partitions` values (log2(partitions) bits), which says
+  nothing to whoever does not already hold both.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+import secrets
+from typing import NewType
+
+ID_BYTES = 24
+ID_CHARS = 32
+
+QueueId = NewType("QueueId", str)
+"""A recipient id: the queue's name in commands, events, the journal and the store log."""
+SenderId = NewType("SenderId", str)
+
+_B64U = re.compile(r"^[A-Za-z0-9_-]*$")
+
+
+class InvalidId(ValueError):
+    pass
+
+
+def b64u(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def unb64u(text: str) -> bytes:
+    """Decode base64url without padding; `ValueError` for anything else."""
+    if not _B64U.match(text) or len(text) % 4 == 1:
+        raise ValueError("not base64url")
+    try:
+        return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    except (binascii.Error, ValueError):
+        raise ValueError("not base64url") from None
+
+
+def new_id() -> str:
+    return b64u(secrets.token_bytes(ID_BYTES))
+
+
+def id_bytes(text: str) -> bytes:
+    """The 24 bytes of an id, or `InvalidId`."""
+    if len(text) != ID_CHARS:
+        raise InvalidId(f"ids are {ID_CHARS} base64url characters")
+    try:
+        return unb64u(text)
+    except ValueError:
+        raise InvalidId("ids are base64url") from None
+
+
+def partition_of(any_id: str, partitions: int) -> int:
+    return int.from_bytes(id_bytes(any_id)[:4], "big") % partitions
+
+
+def new_queue_ids(partitions: int) -> tuple[QueueId, SenderId]:
+    """A fresh (recipient id, sender id) pair on the same partition (expected `partitions`
+    draws of the sender id)."""
+    recipient = new_id()
+    target = partition_of(recipient, partitions)
+    while True:
+        sender = new_id()
+        if partition_of(sender, partitions) == target:
+            return QueueId(recipient), SenderId(sender)

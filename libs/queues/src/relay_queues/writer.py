@@ -1,0 +1,242 @@
+"""The queue-writer's rules: one queue command in, one outcome out (API.md Queues, SMP rules).
+
+Invariants:
+- a refused command (bad signature, unknown queue, quota, suspended, wrong ACK) changes nothing
+  but what the rules say it changes (the first refused send appends the quota marker);
+- every outcome names what must be durable before it is answered (`lsn` in the journal, `seq`
+  in the store log), and carries the event delivery must see, with the queue's current head;
+- recipient commands are refused with the same AUTH whether the queue is unknown or the
+  signature is wrong (`relay_queues.auth.verify`);
+- a SEND whose msg_id this writer has recently stored is answered as the first one was and
+  stored once (a producer retry puts a command on Kafka twice).
+
+Synchronous and single-threaded, over the synchronous engines: the service applies commands one
+after another on its event loop and waits for durability outside.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from relay_journal import errors as journal_errors
+from relay_journal.journal import QueueJournal
+from relay_journal.records import Message
+from relay_queues import auth, ids
+from relay_queues.delivery import Head, Subscriber
+from relay_storelog.records import QueueRecord
+from relay_storelog.store import StoreLog
+
+DEFAULT_TTL_S = 21 * 24 * 3600
+RECENT_SENDS = 100_000
+"""msg_ids remembered to recognise a SEND put on Kafka twice."""
+
+
+@dataclass(frozen=True)
+class Signed:
+    """A recipient command's proof: the text the server built from the request, and the
+    signature the client sent for it."""
+
+    text: str
+    signature: bytes
+
+
+@dataclass(frozen=True)
+class Event:
+    kind: str
+    """`changed`, `read`, `subscribed` or `deleted` (see `relay_queues.delivery.Deliveries`)."""
+    queue: ids.QueueId
+    lsn: int
+    head: Head | None = None
+    subscriber: Subscriber | None = None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    status: int
+    """HTTP status of the answer."""
+    data: dict[str, Any] | None = None
+    code: str | None = None
+    """API error code when refused."""
+    detail: str = ""
+    lsn: int | None = None
+    """Journal lsn that must be durable before answering."""
+    seq: int | None = None
+    """Store-log sequence that must be durable before answering."""
+    events: list[Event] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.code is None
+
+
+def refused(status: int, code: str, detail: str, *, lsn: int | None = None) -> Outcome:
+    return Outcome(status, code=code, detail=detail, lsn=lsn)
+
+
+AUTH_REFUSED = refused(401, "AUTH", "signature, timestamp or queue not accepted")
+
+
+def head_of(message: Message | None) -> Head | None:
+    if message is None:
+        return None
+    return Head(ids.b64u(message.msg_id), message.ts_ms, ids.b64u(message.body), message.quota)
+
+
+class QueueRules:
+    def __init__(
+        self, journal: QueueJournal, store: StoreLog, *, default_ttl_s: int = DEFAULT_TTL_S
+    ) -> None:
+        self.journal = journal
+        self.store = store
+        self.default_ttl_s = default_ttl_s
+        self._recent: OrderedDict[str, int] = OrderedDict()
+
+    @property
+    def quota(self) -> int:
+        return self.journal.settings.max_queue_messages
+
+    def _lsn(self) -> int:
+        return self.journal.wal.written_lsn
+
+    def _recipient(self, queue: str, signed: Signed) -> QueueRecord | None:
+        record = self.store.queues.get(queue)
+        key = record.recipient_key if record is not None else None
+        return record if auth.verify(key, signed.text, signed.signature) else None
+
+    def _head(self, queue: str, now_ms: int) -> Head | None:
+        return head_of(self.journal.peek(queue, now_ms=now_ms))
+
+    def _event(
+        self, kind: str, queue: ids.QueueId, now_ms: int, subscriber: Subscriber | None = None
+    ) -> Event:
+        """An event with the queue's head now; the head first, since peeking may log the
+        expiry of messages before it, and the event's lsn must cover that."""
+        head = self._head(queue, now_ms)
+        return Event(kind, queue, self._lsn(), head, subscriber)
+
+    # -- commands --------------------------------------------------------------------------
+
+    def create(
+        self, queue: ids.QueueId, sender: ids.SenderId, recipient_key: str, now_ms: int
+    ) -> Outcome:
+        answer = {"recipient_id": queue, "sender_id": sender, "quota": self.quota}
+        existing = self.store.queues.get(queue)
+        if existing is not None:
+            if (existing.sender_id, existing.recipient_key) == (sender, recipient_key):
+                return Outcome(201, answer)  # the same command again
+            return refused(503, "UNAVAILABLE", "id collision; retry")
+        if self.store.by_sender(sender) is not None:
+            return refused(503, "UNAVAILABLE", "id collision; retry")
+        record = QueueRecord(queue, sender, recipient_key, self.quota, now_ms, now_ms)
+        return Outcome(201, answer, seq=self.store.new(record))
+
+    def send(
+        self, sender: ids.SenderId, msg_id: str, body: bytes, ttl_s: int | None, now_ms: int
+    ) -> Outcome:
+        record = self.store.by_sender(sender)
+        if record is None:
+            return refused(404, "NOT_FOUND", "unknown sender id")
+        queue = ids.QueueId(record.recipient_id)
+        if record.status == "suspended":
+            return refused(403, "FORBIDDEN", "queue suspended")
+        first_ts = self._recent.get(msg_id)
+        if first_ts is not None:
+            return Outcome(201, {"msg_id": msg_id, "ts": first_ts}, lsn=self._lsn())
+        ttl_ms = (ttl_s if ttl_s is not None else self.default_ttl_s) * 1000
+        try:
+            lsn = self.journal.write(
+                queue, ids.id_bytes(msg_id), body, ts_ms=now_ms, expires_ms=now_ms + ttl_ms
+            )
+        except journal_errors.QuotaExceeded:
+            # The first refusal appended the marker: it must be durable, and delivery told.
+            event = self._event("changed", queue, now_ms)
+            return Outcome(429, code="QUOTA", detail="queue full", lsn=event.lsn, events=[event])
+        except journal_errors.QueueSuspended:
+            return refused(403, "FORBIDDEN", "queue suspended")
+        self._recent[msg_id] = now_ms
+        if len(self._recent) > RECENT_SENDS:
+            self._recent.popitem(last=False)
+        event = self._event("changed", queue, now_ms)
+        return Outcome(201, {"msg_id": msg_id, "ts": now_ms}, lsn=lsn, events=[event])
+
+    def info(self, queue: ids.QueueId, signed: Signed) -> Outcome:
+        record = self._recipient(queue, signed)
+        if record is None:
+            return AUTH_REFUSED
+        return Outcome(
+            200,
+            {
+                "size": self.journal.size(queue),
+                "quota": record.quota,
+                "status": record.status,
+                "created_at": record.created_at,
+            },
+        )
+
+    def head(self, queue: ids.QueueId, signed: Signed, now_ms: int) -> Outcome:
+        """The head message, handed out until ACK (delivery is told)."""
+        if self._recipient(queue, signed) is None:
+            return AUTH_REFUSED
+        event = self._event("read", queue, now_ms)
+        # Expired heads dropped by the peek are logged: durable before answering.
+        return _message_outcome(event)
+
+    def ack(self, queue: ids.QueueId, msg_id: str, signed: Signed, now_ms: int) -> Outcome:
+        """Acknowledge the head; answers the next message. The head handed out may have expired
+        since: its ACK is still accepted (the client has it); expired ones after it are dropped."""
+        if self._recipient(queue, signed) is None:
+            return AUTH_REFUSED
+        current = self.journal.peek(queue)
+        if current is None or ids.b64u(current.msg_id) != msg_id:
+            return refused(404, "NO_MSG", "msg_id is not the message in flight")
+        self.journal.ack(queue, current.msg_id)
+        return _message_outcome(self._event("changed", queue, now_ms))
+
+    def suspend(self, queue: ids.QueueId, signed: Signed, now_ms: int) -> Outcome:
+        record = self._recipient(queue, signed)
+        if record is None:
+            return AUTH_REFUSED
+        lsn = self.journal.suspend(queue)
+        seq = None
+        if record.status != "suspended":
+            seq = self.store.set_status(queue, "suspended", now_ms)
+        return Outcome(200, {}, lsn=lsn, seq=seq)
+
+    def delete(self, queue: ids.QueueId, signed: Signed) -> Outcome:
+        if self._recipient(queue, signed) is None:
+            return AUTH_REFUSED
+        lsn = self.journal.delete(queue)
+        seq = self.store.delete(queue)
+        return Outcome(204, lsn=lsn, seq=seq, events=[Event("deleted", queue, lsn)])
+
+    def subscribe(
+        self, queue: ids.QueueId, signed: Signed, subscriber: Subscriber, now_ms: int
+    ) -> Outcome:
+        if self._recipient(queue, signed) is None:
+            return AUTH_REFUSED
+        return self.resync(queue, subscriber, now_ms)
+
+    def resync(self, queue: ids.QueueId, subscriber: Subscriber, now_ms: int) -> Outcome:
+        """Tell delivery the queue's head for `subscriber` (internal: after a SUB, or when
+        delivery rebuilds its state); nothing for a queue that no longer exists."""
+        if queue not in self.store.queues:
+            return Outcome(200, {})
+        event = self._event("subscribed", queue, now_ms, subscriber)
+        return Outcome(200, {}, lsn=event.lsn, events=[event])
+
+    def expire(self, now_ms: int) -> Iterator[Event]:
+        """Drop expired messages from every queue, open or not (the periodic sweep), lazily;
+        one event per queue that lost messages."""
+        for queue, _ in self.journal.expire_all(now_ms):
+            yield self._event("changed", ids.QueueId(queue), now_ms)
+
+
+def _message_outcome(event: Event) -> Outcome:
+    """200 with the head message, or 204 when the queue is empty."""
+    head = event.head
+    return Outcome(
+        200 if head else 204, head.frame() if head else None, lsn=event.lsn, events=[event]
+    )

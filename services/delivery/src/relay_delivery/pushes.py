@@ -1,0 +1,133 @@
+"""Delivery's event loop: the queue-writers' events in, MSG and END out to the ingress
+instance holding each subscriber's connection (`relay_queues.delivery` decides what).
+
+Invariants:
+- on taking a partition over (start, rebalance, a broker that lost its log) this instance
+  writes a marker to it and reads from the marker on: older events describe a past it no longer
+  knows, and the current state comes instead from a resync of every subscription Redis lists
+  for the partition (the queue-writer answers each with the queue's head);
+- pushes leave in the order events were handled (`Bus.post`); a lost push is repaired by the
+  next resync or SUB, and the same msg_id is sent again then (at least once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import structlog
+from redis.exceptions import RedisError
+
+from relay_bus import schemas, topics
+from relay_bus.bus import Bus
+from relay_bus.consumers import Handler, Received
+from relay_queues import ids
+from relay_queues.delivery import Deliveries, Head, Push, Subscriber
+from relay_routes.subscriptions import Subscriptions
+
+log = structlog.get_logger(__name__)
+
+RESYNC_RETRY_S = 1.0
+
+
+def _head(record: schemas.HeadMessage | None) -> Head | None:
+    if record is None:
+        return None
+    return Head(record.msg_id, record.ts, record.body, record.quota)
+
+
+def _record(head: Head | None) -> schemas.HeadMessage | None:
+    if head is None:
+        return None
+    return schemas.HeadMessage(msg_id=head.msg_id, ts=head.ts, body=head.body, quota=head.quota)
+
+
+class Pushes:
+    def __init__(
+        self, bus: Bus, subscriptions: Subscriptions, partitions: int, instance: str
+    ) -> None:
+        self.bus = bus
+        self.subscriptions = subscriptions
+        self.partitions = partitions
+        self.instance = instance
+        self.deliveries = Deliveries()
+        self._resyncs: set[asyncio.Task[None]] = set()
+
+    async def start_offsets(self, partitions: list[int]) -> dict[int, int]:
+        offsets = {}
+        for partition in partitions:
+            marker = schemas.Marker(instance=self.instance)
+            _, offsets[partition] = await self.bus.send(
+                topics.QUEUE_EVENTS, marker, partition=partition
+            )
+        taken = set(partitions)
+        self.deliveries.forget(lambda q: ids.partition_of(q, self.partitions) in taken)
+        task = asyncio.create_task(self._resync(partitions), name="resync")
+        self._resyncs.add(task)
+        task.add_done_callback(self._resyncs.discard)
+        log.info("partitions_taken_over", partitions=partitions, offsets=offsets)
+        return offsets
+
+    async def _resync(self, partitions: list[int]) -> None:
+        pending = list(partitions)
+        while pending:
+            partition = pending[0]
+            try:
+                listed = await self.subscriptions.of_partition(partition)
+            except (RedisError, OSError) as error:
+                log.warning("resync_waiting_for_redis", error=str(error))
+                await asyncio.sleep(RESYNC_RETRY_S)
+                continue
+            for queue, (slot, conn) in listed.items():
+                resync = schemas.QueueResync(queue=queue, slot=slot, conn=conn)
+                self.bus.post(topics.QUEUE_COMMANDS, resync, partition=partition)
+            log.info("resynced", partition=partition, subscriptions=len(listed))
+            pending.pop(0)
+
+    async def revoked(self, partitions: list[int]) -> None:
+        gone = set(partitions)
+        self.deliveries.forget(lambda q: ids.partition_of(q, self.partitions) in gone)
+
+    def _push(self, push: Push) -> None:
+        record = schemas.Deliver(
+            frame=push.frame.value,
+            conn=push.to.conn,
+            queue=push.queue,
+            head=_record(push.head),
+        )
+        self.bus.post(topics.INGRESS_INBOX, record, partition=push.to.slot)
+
+    def handle_event(self, event: schemas.QueueEvent) -> None:
+        d, queue, lsn = self.deliveries, event.queue, event.lsn
+        subscriber = Subscriber(event.slot, event.conn) if event.slot is not None else None
+        match event.event:
+            case "changed":
+                pushes = d.changed(queue, lsn, _head(event.head))
+            case "read":
+                pushes = d.read(queue, lsn, _head(event.head))
+            case "deleted":
+                pushes = d.deleted(queue, lsn)
+            case "subscribed" if subscriber is not None:
+                pushes = d.subscribed(queue, lsn, _head(event.head), subscriber)
+            case "unsubscribed" if subscriber is not None:
+                d.unsubscribed(queue, subscriber)
+                pushes = []
+            case _:
+                log.warning("event_ignored", event=event.event, queue=queue)
+                pushes = []
+        for push in pushes:
+            self._push(push)
+
+    def handler(self, forward: Handler) -> Handler:
+        async def handle(received: Received) -> None:
+            record = received.record
+            if isinstance(record, schemas.QueueEvent):
+                self.handle_event(record)
+            elif isinstance(record, schemas.Ping):
+                await forward(received)
+
+        return handle
+
+    async def close(self) -> None:
+        for task in self._resyncs:
+            task.cancel()
+        await asyncio.gather(*self._resyncs, return_exceptions=True)

@@ -1,0 +1,113 @@
+"""Requests that travel over Kafka and come back to this instance's inbox.
+
+Invariant: a caller waits at most its budget; the request carries that deadline, so whoever
+holds it after the caller gave up drops it instead of acting on it. The waiting slot is always
+released, whether the answer came, the budget ran out or the caller was cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import Callable
+from typing import Any, TypedDict
+
+from relay_bus import schemas, topics
+from relay_ingress.context import Context
+from relay_ingress.errors import ApiError
+
+REPLY_GRACE_S = 2.0
+
+
+class Routing(TypedDict):
+    """The fields every request carries so that its answer finds the caller (and expires)."""
+
+    id: str
+    origin: str
+    reply_slot: int
+    deadline_ms: float
+
+
+def _routing(ctx: Context, wait_s: float) -> Routing:
+    assert ctx.inbox.slot is not None
+    return Routing(
+        id=secrets.token_urlsafe(16),
+        origin=ctx.config.instance,
+        reply_slot=ctx.inbox.slot,
+        deadline_ms=schemas.now_ms_() + wait_s * 1000,
+    )
+
+
+async def ping(ctx: Context, wait_s: float) -> schemas.Ping:
+    """Send a ping through every service; its reply comes back with every hop stamped."""
+    routing = _routing(ctx, wait_s)
+    request = schemas.Ping(**routing, started_ms=schemas.now_ms_())
+    replies = ctx.inbox.expect(request.id)
+    try:
+        await ctx.bus.send(topics.QUEUE_COMMANDS, request, key=secrets.token_bytes(24))
+        reply = await asyncio.wait_for(replies.get(), wait_s)
+    except TimeoutError:
+        raise ApiError(
+            503, "UNAVAILABLE", f"the ping did not come back within {wait_s:g} s"
+        ) from None
+    finally:
+        ctx.inbox.forget(request.id)
+    assert isinstance(reply, schemas.Ping)
+    return reply
+
+
+async def every_queue_writer(
+    ctx: Context, make: Callable[[Routing], schemas.AdminRequest], wait_s: float
+) -> list[schemas.AdminReply]:
+    """Send one copy of an admin request to every command partition and wait until each has
+    been answered by its owner; returns the replies in partition order."""
+    routing = _routing(ctx, wait_s)
+    request = make(routing)
+    partitions = ctx.config.kafka.partitions
+    replies = ctx.inbox.expect(request.id)
+    answered: dict[int, schemas.AdminReply] = {}
+    deadline = time.monotonic() + wait_s
+    try:
+        await asyncio.gather(
+            *(ctx.bus.send(topics.QUEUE_COMMANDS, request, partition=p) for p in range(partitions))
+        )
+        while len(answered) < partitions:
+            reply = await asyncio.wait_for(replies.get(), max(0.0, deadline - time.monotonic()))
+            if isinstance(reply, schemas.AdminReply):
+                answered[reply.partition] = reply
+    except TimeoutError:
+        missing = sorted(set(range(partitions)) - set(answered))
+        raise ApiError(
+            503,
+            "UNAVAILABLE",
+            f"no answer within {wait_s:g} s for command partitions {missing} "
+            "(is every queue-writer running?)",
+        ) from None
+    finally:
+        ctx.inbox.forget(request.id)
+    return [answered[p] for p in sorted(answered)]
+
+
+async def command(ctx: Context, partition: int, wait_s: float, **fields: Any) -> schemas.QueueReply:
+    """Send a queue command to `partition` and wait for its reply; the reply's refusal (if
+    any) is raised as the API error it names. 503 when no answer comes within `wait_s`: the
+    command expires unapplied at the queue-writer (its deadline is in the record)."""
+    routing = _routing(ctx, wait_s)
+    request = schemas.QueueCommand(**routing, **fields)
+    replies = ctx.inbox.expect(request.id)
+    try:
+        await ctx.bus.send(topics.QUEUE_COMMANDS, request, partition=partition)
+        # A little past the deadline: the queue-writer drops the command only after it, and
+        # an answer made just before it still has to travel back.
+        reply = await asyncio.wait_for(replies.get(), wait_s + REPLY_GRACE_S)
+    except TimeoutError:
+        raise ApiError(
+            503, "UNAVAILABLE", f"no answer within {wait_s:g} s; nothing was stored"
+        ) from None
+    finally:
+        ctx.inbox.forget(request.id)
+    assert isinstance(reply, schemas.QueueReply)
+    if reply.code is not None:
+        raise ApiError(reply.status, reply.code, reply.detail)
+    return reply

@@ -1,0 +1,209 @@
+"""This instance's WebSocket connections: limits, subscriptions, and the frames pushed to them.
+
+Invariants:
+- a connection gets a queue's MSG frames only while it holds the queue's subscription, and
+  never before the `ok` of its SUB (frames arriving earlier wait for it, and are dropped if the
+  SUB fails);
+- a MSG for the message this connection has just acknowledged is dropped (a late push from a
+  delivery instance that lost its partition), so nothing acknowledged is shown again;
+- frames to one connection are written one at a time, in the order they were queued;
+- connections per client address and frames per second per connection are bounded; the
+  subscriptions of a closed connection are removed from Redis (if still its own) and delivery
+  is told.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+from starlette.websockets import WebSocket, WebSocketState
+
+from relay_bus import schemas, topics
+from relay_bus.bus import Bus
+from relay_queues import ids
+from relay_routes.subscriptions import Subscriptions
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class Limits:
+    connections_per_address: int
+    frames_per_s: float
+    frame_burst: int
+    max_frame_bytes: int
+    commands_in_flight: int
+
+
+class Bucket:
+    """Token bucket: `rate` tokens per second, at most `burst` saved up."""
+
+    def __init__(self, rate: float, burst: int) -> None:
+        self.rate = rate
+        self.burst = burst
+        self.tokens = float(burst)
+        self.at = time.monotonic()
+
+    def take(self) -> bool:
+        now = time.monotonic()
+        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        if self.tokens < 1:
+            return False
+        self.tokens -= 1
+        return True
+
+
+@dataclass
+class Subscription:
+    ready: bool = False
+    """The SUB's `ok` has been sent; before that, frames wait in `waiting`."""
+    waiting: list[dict[str, Any]] = field(default_factory=list)
+    last_acked: str | None = None
+
+
+class Connection:
+    def __init__(self, ws: WebSocket, address: str, limits: Limits) -> None:
+        self.id = secrets.token_urlsafe(12)
+        self.ws = ws
+        self.address = address
+        self.bucket = Bucket(limits.frames_per_s, limits.frame_burst)
+        self.commands = asyncio.Semaphore(limits.commands_in_flight)
+        self.subscriptions: dict[str, Subscription] = {}
+        self._out: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+        self._writer = asyncio.create_task(self._write(), name=f"ws-{self.id}")
+
+    def queue_frame(self, frame: dict[str, Any]) -> None:
+        self._out.put_nowait(frame)
+
+    async def _write(self) -> None:
+        while (frame := await self._out.get()) is not None:
+            if self.ws.application_state is not WebSocketState.CONNECTED:
+                continue
+            try:
+                await self.ws.send_text(json.dumps(frame, separators=(",", ":")))
+            except Exception as error:
+                log.debug("ws_write_failed", error=str(error))
+                return
+
+    async def close_writer(self) -> None:
+        self._out.put_nowait(None)
+        await asyncio.gather(self._writer, return_exceptions=True)
+
+
+class Connections:
+    def __init__(
+        self, bus: Bus, subscriptions: Subscriptions, partitions: int, limits: Limits
+    ) -> None:
+        self.bus = bus
+        self.subscriptions = subscriptions
+        self.partitions = partitions
+        self.limits = limits
+        self.slot: int | None = None
+        self._open: dict[str, Connection] = {}
+        self._per_address: Counter[str] = Counter()
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def open(self, ws: WebSocket, address: str) -> Connection | None:
+        """A new connection, or None when `address` already has its maximum."""
+        if self._per_address[address] >= self.limits.connections_per_address:
+            return None
+        self._per_address[address] += 1
+        conn = Connection(ws, address, self.limits)
+        self._open[conn.id] = conn
+        return conn
+
+    async def close(self, conn: Connection) -> None:
+        self._open.pop(conn.id, None)
+        self._per_address[conn.address] -= 1
+        if self._per_address[conn.address] <= 0:
+            del self._per_address[conn.address]
+        for queue in list(conn.subscriptions):
+            await self.unsubscribe(conn, queue)
+        await conn.close_writer()
+
+    # -- subscriptions ---------------------------------------------------------------------
+
+    def partition(self, queue: str) -> int:
+        return ids.partition_of(queue, self.partitions)
+
+    async def subscribing(self, conn: Connection, queue: str) -> None:
+        """Before the SUB command: route the queue's frames to `conn` (held until `ready`)."""
+        assert self.slot is not None
+        conn.subscriptions[queue] = Subscription()
+        await self.subscriptions.add(self.partition(queue), queue, self.slot, conn.id)
+
+    def subscribed(self, conn: Connection, queue: str, reply: dict[str, Any]) -> None:
+        """The SUB was accepted: its `ok`, then the frames that came meanwhile."""
+        conn.queue_frame(reply)
+        subscription = conn.subscriptions.get(queue)
+        if subscription is not None and not subscription.ready:
+            subscription.ready = True
+            for frame in subscription.waiting:
+                conn.queue_frame(frame)
+            subscription.waiting.clear()
+
+    async def unsubscribe(
+        self, conn: Connection, queue: str, *, tell_delivery: bool = True
+    ) -> None:
+        if conn.subscriptions.pop(queue, None) is None or self.slot is None:
+            return
+        partition = self.partition(queue)
+        try:
+            await self.subscriptions.remove(partition, queue, self.slot, conn.id)
+        except Exception as error:
+            log.warning("unsubscribe_not_recorded", error=str(error))
+        if tell_delivery:
+            event = schemas.QueueEvent(
+                event="unsubscribed", queue=queue, slot=self.slot, conn=conn.id
+            )
+            self.bus.post(topics.QUEUE_EVENTS, event, partition=partition)
+
+    def acked(self, conn: Connection, queue: str, msg_id: str) -> None:
+        subscription = conn.subscriptions.get(queue)
+        if subscription is not None:
+            subscription.last_acked = msg_id
+
+    async def register_all(self) -> None:
+        """Write every live subscription to Redis again (after Redis lost them)."""
+        if self.slot is None:
+            return
+        slot = self.slot
+        await self.subscriptions.register_all(
+            (self.partition(queue), queue, slot, conn.id)
+            for conn in self._open.values()
+            for queue in conn.subscriptions
+        )
+
+    # -- frames from delivery --------------------------------------------------------------
+
+    async def deliver(self, record: schemas.Deliver) -> None:
+        conn = self._open.get(record.conn)
+        subscription = conn.subscriptions.get(record.queue) if conn else None
+        if conn is None or subscription is None:
+            return  # closed, or the queue was taken over since
+        if record.frame == "END":
+            await self.unsubscribe(conn, record.queue, tell_delivery=False)
+            frame: dict[str, Any] = {"type": "END", "queue": record.queue}
+        else:
+            head = record.head
+            if head is None or head.msg_id == subscription.last_acked:
+                return
+            frame = {"type": "MSG", "queue": record.queue, "msg_id": head.msg_id, "ts": head.ts}
+            if head.quota:
+                frame["quota"] = True
+            else:
+                frame["body"] = head.body
+        if subscription.ready or record.frame == "END":
+            conn.queue_frame(frame)
+        else:
+            subscription.waiting.append(frame)

@@ -1,0 +1,206 @@
+"""The Queues endpoints of API.md: validate, authenticate, hand each request to the queue-writer
+that owns the queue (`relay_ingress.asking.command`) and answer with what it says.
+
+Invariants:
+- nothing reaches Kafka before the request is well-formed: ids, base64, sizes, ttl and, for
+  recipient commands, the timestamp window and the signature's shape; the signed text is built
+  here from the request as received (`relay_queues.auth.rest_text`);
+- a recipient command with a wrong signature or for an unknown queue gets the same AUTH answer
+  (the queue-writer verifies against the stored key);
+- SEND answers 201 only after the queue-writer has made the message durable.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Header, Path, Request, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from relay_ingress import asking
+from relay_ingress.context import Context, Ctx
+from relay_ingress.errors import ApiError, documented
+from relay_queues import auth, ids
+
+router = APIRouter(
+    prefix="/v1", tags=["queues"], responses=documented(400, 401, 403, 404, 413, 429, 503)
+)
+
+ID_PATTERN = r"^[A-Za-z0-9_-]{32}$"
+B64U_PATTERN = r"^(?:[A-Za-z0-9_-]{4})*(?:[A-Za-z0-9_-]{2,3})?$"
+"""base64url without padding: never a length of 1 mod 4."""
+IdPath = Annotated[str, Path(pattern=ID_PATTERN)]
+MAX_TTL_S = 10 * 365 * 24 * 3600
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class NewQueue(_Body):
+    recipient_key: str = Field(
+        pattern=r"^[A-Za-z0-9_-]{42}[AEIMQUYcgkosw048]$",
+        description="b64u 32-byte Ed25519 public key (43 characters)",
+    )
+
+
+class QueueCreated(BaseModel):
+    recipient_id: str
+    sender_id: str
+    quota: int
+
+
+class NewMessage(_Body):
+    body: str = Field(pattern=B64U_PATTERN, description="b64u message body")
+    ttl_s: int | None = Field(None, ge=1, le=MAX_TTL_S)
+
+
+class Sent(BaseModel):
+    msg_id: str
+    ts: int
+
+
+class QueueInfo(BaseModel):
+    size: int
+    quota: int
+    status: str
+    created_at: int
+
+
+class Message(BaseModel):
+    msg_id: str
+    ts: int
+    body: str | None = None
+    quota: bool | None = None
+
+
+class Ack(_Body):
+    msg_id: str = Field(pattern=ID_PATTERN)
+
+
+def _b64u(value: str, field: str) -> bytes:
+    try:
+        return ids.unb64u(value)
+    except ValueError:
+        raise ApiError(400, "BAD_REQUEST", f"{field}: not base64url") from None
+
+
+async def _signed(
+    request: Request,
+    timestamp: Annotated[str | None, Header(alias="X-Relay-Timestamp")] = None,
+    signature: Annotated[str | None, Header(alias="X-Relay-Signature")] = None,
+) -> tuple[str, str]:
+    """The text the client had to sign for this request and its b64u signature, once the
+    timestamp and the signature's shape pass; AUTH otherwise."""
+    try:
+        ts = auth.parse_timestamp(timestamp, time.time())
+        auth.parse_signature(signature)
+    except auth.AuthError as error:
+        raise ApiError(401, "AUTH", str(error)) from None
+    assert signature is not None
+    body = await request.body()
+    return auth.rest_text(request.method, request.url.path, ts, body), signature
+
+
+Signed = Annotated[tuple[str, str], Depends(_signed)]
+
+
+async def _recipient(
+    ctx: Context, op: str, queue: str, signed: tuple[str, str], **fields: Any
+) -> dict[str, Any] | None:
+    text, signature = signed
+    reply = await asking.command(
+        ctx,
+        ids.partition_of(queue, ctx.config.kafka.partitions),
+        ctx.config.request_timeout_s,
+        op=op,
+        queue=queue,
+        signed=text,
+        sig=signature,
+        **fields,
+    )
+    return reply.data
+
+
+def _message(data: dict[str, Any] | None) -> Message | Response:
+    """200 with the message, or 204 when the queue is empty."""
+    return Response(status_code=204) if data is None else Message(**data)
+
+
+@router.post("/queues", status_code=201, response_model=QueueCreated)
+async def create_queue(ctx: Ctx, new: NewQueue) -> QueueCreated:
+    try:
+        auth.parse_public_key(new.recipient_key)
+    except ValueError as error:
+        raise ApiError(400, "BAD_REQUEST", f"recipient_key: {error}") from None
+    recipient, sender = ids.new_queue_ids(ctx.config.kafka.partitions)
+    reply = await asking.command(
+        ctx,
+        ids.partition_of(recipient, ctx.config.kafka.partitions),
+        ctx.config.request_timeout_s,
+        op="create",
+        queue=recipient,
+        sender=sender,
+        recipient_key=new.recipient_key,
+    )
+    return QueueCreated(**(reply.data or {}))
+
+
+@router.post("/send/{sender_id}", status_code=201, response_model=Sent)
+async def send(ctx: Ctx, sender_id: IdPath, message: NewMessage) -> Sent:
+    """201 only once the message is durable; QUOTA when full (the first refusal also queues one
+    quota marker for the recipient)."""
+    body = _b64u(message.body, "body")
+    if len(body) > ctx.config.max_body_bytes:
+        raise ApiError(413, "TOO_LARGE", f"body over {ctx.config.max_body_bytes} bytes")
+    reply = await asking.command(
+        ctx,
+        ids.partition_of(sender_id, ctx.config.kafka.partitions),
+        ctx.config.request_timeout_s,
+        op="send",
+        sender=sender_id,
+        msg_id=ids.new_id(),
+        body=message.body,
+        ttl_s=message.ttl_s,
+    )
+    return Sent(**(reply.data or {}))
+
+
+@router.get("/queues/{recipient_id}", response_model=QueueInfo)
+async def queue_info(ctx: Ctx, recipient_id: IdPath, signed: Signed) -> QueueInfo:
+    return QueueInfo(**(await _recipient(ctx, "info", recipient_id, signed) or {}))
+
+
+@router.get(
+    "/queues/{recipient_id}/head",
+    response_model=Message,
+    response_model_exclude_none=True,
+    responses={204: {"description": "the queue is empty"}},
+)
+async def head(ctx: Ctx, recipient_id: IdPath, signed: Signed) -> Message | Response:
+    """The head message; it stays in flight (not pushed to a subscriber) until ACK."""
+    return _message(await _recipient(ctx, "head", recipient_id, signed))
+
+
+@router.post(
+    "/queues/{recipient_id}/ack",
+    response_model=Message,
+    response_model_exclude_none=True,
+    responses={204: {"description": "the queue is empty"}},
+)
+async def ack(ctx: Ctx, recipient_id: IdPath, body: Ack, signed: Signed) -> Message | Response:
+    """Acknowledge the head; answers the next message. NO_MSG if msg_id is not the head."""
+    return _message(await _recipient(ctx, "ack", recipient_id, signed, msg_id=body.msg_id))
+
+
+@router.post("/queues/{recipient_id}/suspend")
+async def suspend(ctx: Ctx, recipient_id: IdPath, signed: Signed) -> dict[str, Any]:
+    await _recipient(ctx, "suspend", recipient_id, signed)
+    return {}
+
+
+@router.delete("/queues/{recipient_id}", status_code=204)
+async def delete(ctx: Ctx, recipient_id: IdPath, signed: Signed) -> Response:
+    await _recipient(ctx, "delete", recipient_id, signed)
+    return Response(status_code=204)

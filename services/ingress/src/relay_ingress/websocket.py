@@ -1,0 +1,199 @@
+"""`/v1/ws` (API.md WebSocket): SUB and ACK over text frames, MSG and END pushed.
+
+Invariants:
+- every client frame gets exactly one reply `{"id", "ok": true}` or `{"id", "ok": false,
+  "error", "detail"}` (id null when the frame had none); binary, oversized, malformed, unknown
+  and over-rate frames get error replies, never a crash or a closed connection;
+- a refused command changes nothing (checks before the queue-writer, signature at it);
+- SUB is replay-protected: a signature already used within the timestamp window is refused, so
+  a captured SUB cannot take a queue over;
+- commands of one connection run concurrently (up to a bound), replies carry their ids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import time
+from typing import Annotated, Any, Literal
+
+import structlog
+from fastapi import APIRouter
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from relay_ingress import asking
+from relay_ingress.connections import Connection, Connections
+from relay_ingress.context import Context, Ctx
+from relay_ingress.errors import ApiError
+from relay_queues import auth, ids
+
+log = structlog.get_logger(__name__)
+
+router = APIRouter(tags=["websocket"])
+
+QueueId = Annotated[str, Field(min_length=32, max_length=32, pattern=r"^[A-Za-z0-9_-]{32}$")]
+
+
+class _Command(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    id: str | int | None = None
+
+
+class Sub(_Command):
+    cmd: Literal["SUB"]
+    queue: QueueId
+    ts: int
+    sig: str
+
+
+class AckCmd(_Command):
+    cmd: Literal["ACK"]
+    queue: QueueId
+    msg_id: QueueId
+    ts: int
+    sig: str
+
+
+class _Frame(BaseModel):
+    command: Annotated[Sub | AckCmd, Field(discriminator="cmd")]
+
+
+def _error(frame_id: object, code: str, detail: str) -> dict[str, Any]:
+    return {"id": frame_id, "ok": False, "error": code, "detail": detail}
+
+
+def _parse(text: str) -> tuple[object, Sub | AckCmd | dict[str, Any]]:
+    """The frame's id and its command, or its id and the error reply."""
+    try:
+        raw = json.loads(text)
+    except ValueError:
+        return None, _error(None, "BAD_REQUEST", "not JSON")
+    if not isinstance(raw, dict):
+        return None, _error(None, "BAD_REQUEST", "a frame is one JSON object")
+    frame_id = raw.get("id")
+    if not isinstance(frame_id, str | int) or isinstance(frame_id, bool):
+        frame_id = None
+    if raw.get("cmd") not in ("SUB", "ACK"):
+        return frame_id, _error(frame_id, "BAD_REQUEST", f"unknown command {raw.get('cmd')!r}")
+    try:
+        return frame_id, _Frame(command=raw).command
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(p) for p in first["loc"][2:]) or "frame"
+        return frame_id, _error(frame_id, "BAD_REQUEST", f"{where}: {first['msg']}")
+
+
+async def _fresh_signature(redis: Redis, signature: bytes) -> bool:
+    """True the first time a signature is seen within the replay window."""
+    digest = hashlib.sha256(signature).hexdigest()[:32]
+    return bool(await redis.set(f"relay:sig:{digest}", 1, nx=True, ex=2 * auth.SKEW_S))
+
+
+class Session:
+    def __init__(self, ctx: Context, conn: Connection) -> None:
+        self.ctx = ctx
+        self.conn = conn
+        self.connections: Connections = ctx.connections
+
+    async def run(self, command: Sub | AckCmd) -> None:
+        try:
+            reply = await self._command(command)
+        except ApiError as error:
+            if isinstance(command, Sub):
+                await self.connections.unsubscribe(self.conn, command.queue)
+            reply = _error(command.id, error.code, error.detail)
+        except RedisError:
+            reply = _error(command.id, "UNAVAILABLE", "routing state unavailable; retry")
+        if isinstance(command, Sub) and reply.get("ok"):
+            self.connections.subscribed(self.conn, command.queue, reply)
+        else:
+            self.conn.queue_frame(reply)
+
+    async def _command(self, command: Sub | AckCmd) -> dict[str, Any]:
+        try:
+            ts = auth.parse_timestamp(command.ts, time.time())
+            signature = auth.parse_signature(command.sig)
+        except auth.AuthError as error:
+            raise ApiError(401, "AUTH", str(error)) from None
+        partition = ids.partition_of(command.queue, self.ctx.config.kafka.partitions)
+        wait_s = self.ctx.config.request_timeout_s
+        if isinstance(command, Sub):
+            if not await _fresh_signature(self.ctx.redis, signature):
+                raise ApiError(401, "AUTH", "signature already used")
+            await self.connections.subscribing(self.conn, command.queue)
+            await asking.command(
+                self.ctx,
+                partition,
+                wait_s,
+                op="sub",
+                queue=command.queue,
+                signed=auth.sub_text(command.queue, ts),
+                sig=command.sig,
+                slot=self.connections.slot,
+                conn=self.conn.id,
+            )
+        else:
+            await asking.command(
+                self.ctx,
+                partition,
+                wait_s,
+                op="ack",
+                queue=command.queue,
+                msg_id=command.msg_id,
+                signed=auth.ack_text(command.queue, command.msg_id, ts),
+                sig=command.sig,
+            )
+            self.connections.acked(self.conn, command.queue, command.msg_id)
+        return {"id": command.id, "ok": True}
+
+
+@router.websocket("/v1/ws")
+async def websocket(ws: WebSocket, ctx: Ctx) -> None:
+    limits = ctx.connections.limits
+    address = ws.client.host if ws.client else "unknown"
+    conn = ctx.connections.open(ws, address)
+    if conn is None:
+        await ws.close(code=1013, reason="too many connections from this address")
+        return
+    await ws.accept()
+    session = Session(ctx, conn)
+    running: set[asyncio.Task[None]] = set()
+    try:
+        while True:
+            message = await ws.receive()
+            if message["type"] == "websocket.disconnect":
+                break
+            text = message.get("text")
+            if text is None:
+                conn.queue_frame(_error(None, "BAD_REQUEST", "binary frames are not accepted"))
+                continue
+            if len(text) > limits.max_frame_bytes:
+                conn.queue_frame(
+                    _error(None, "TOO_LARGE", f"frame over {limits.max_frame_bytes} bytes")
+                )
+                continue
+            frame_id, parsed = _parse(text)
+            if not conn.bucket.take():
+                conn.queue_frame(_error(frame_id, "RATE_LIMITED", "too many frames per second"))
+                continue
+            if isinstance(parsed, dict):
+                conn.queue_frame(parsed)
+                continue
+            await conn.commands.acquire()
+            task = asyncio.create_task(session.run(parsed))
+            running.add(task)
+            task.add_done_callback(running.discard)
+            task.add_done_callback(lambda _: conn.commands.release())
+    except WebSocketDisconnect:
+        pass
+    finally:
+        for task in running:
+            task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
+        with contextlib.suppress(RedisError, OSError):
+            await ctx.connections.close(conn)

@@ -1,0 +1,95 @@
+"""Admin requests at the queue-writer: store-log dumps (and queue stats) on demand.
+
+Invariants:
+- the ingress sends one copy of a request to every command partition; this instance runs the
+  operation once per request id and answers once per partition it received it on, so the asker
+  knows every owner has answered;
+- the command consumer never waits for an operation: answers are sent by background tasks, and
+  a request past its deadline is dropped (its asker has already given up);
+- a dump triggered while one runs reports the running one (`StoreLog.dump`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from typing import Any
+
+import structlog
+
+from relay_bus import schemas, topics
+from relay_bus.bus import Bus
+from relay_bus.consumers import Received
+from relay_queue_writer.stores import Stores
+
+log = structlog.get_logger(__name__)
+
+REMEMBERED = 64
+"""Request ids whose operation is kept for partitions that ask later."""
+
+
+class AdminRequests:
+    def __init__(self, bus: Bus, stores: Stores, instance: str) -> None:
+        self.bus = bus
+        self.stores = stores
+        self.instance = instance
+        self._runs: OrderedDict[str, asyncio.Task[dict[str, Any]]] = OrderedDict()
+        self._replies: set[asyncio.Task[None]] = set()
+
+    async def handle(self, received: Received, request: schemas.AdminRequest) -> None:
+        if request.expired():
+            return
+        run = self._runs.get(request.id)
+        if run is None:
+            run = asyncio.create_task(self._run(request), name=f"admin-{request.op}")
+            self._runs[request.id] = run
+            while len(self._runs) > REMEMBERED:
+                self._runs.popitem(last=False)
+        reply = asyncio.create_task(self._answer(request, received.partition, run))
+        self._replies.add(reply)
+        reply.add_done_callback(self._replies.discard)
+
+    async def _run(self, request: schemas.AdminRequest) -> dict[str, Any]:
+        if request.op == "dump":
+            return await self._dump(request.wait)
+        raise ValueError(f"unknown admin operation {request.op!r}")
+
+    async def _dump(self, wait: bool) -> dict[str, Any]:
+        store = self.stores.store
+        assert store is not None
+        number = store.dump()
+        if not wait:
+            return {"dump": number}
+        done = await asyncio.to_thread(store.store.wait_dump)
+        assert done is not None
+        return {
+            "dump": number,
+            "records": done.records,
+            "bytes": done.bytes,
+            "pause_ms": round(done.pause_ms, 3),
+            "total_s": round(done.total_s, 3),
+        }
+
+    async def _answer(
+        self, request: schemas.AdminRequest, partition: int, run: asyncio.Task[dict[str, Any]]
+    ) -> None:
+        try:
+            result = await run
+        except Exception:
+            log.exception("admin_request_failed", op=request.op)
+            return
+        if request.expired():
+            return
+        reply = schemas.AdminReply(
+            id=request.id,
+            origin=request.origin,
+            partition=partition,
+            instance=self.instance,
+            result=result,
+        )
+        await self.bus.send(topics.INGRESS_INBOX, reply, partition=request.reply_slot)
+
+    async def close(self) -> None:
+        for task in [*self._runs.values(), *self._replies]:
+            task.cancel()
+        await asyncio.gather(*self._runs.values(), *self._replies, return_exceptions=True)

@@ -1,0 +1,161 @@
+"""The queue-writer's command handler: each queue command applied by `relay_queues.writer`,
+its answer and events handed to the outbox.
+
+Invariants:
+- commands of a partition are applied one after another, in offset order, on the event loop;
+  the handler returns as soon as a command is applied (the outbox waits for durability), so
+  one fsync round covers every command applied meanwhile;
+- a command past its deadline is dropped unapplied: its asker has already answered 503;
+- malformed fields get BAD_REQUEST and change nothing (the ingress validates first; this is the
+  second line).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import structlog
+
+from relay_bus import schemas, topics
+from relay_bus.bus import Bus
+from relay_bus.consumers import Received
+from relay_queue_writer.outbox import Outbox, Send
+from relay_queue_writer.stores import Stores
+from relay_queues import ids
+from relay_queues.delivery import Head, Subscriber
+from relay_queues.writer import Event, Outcome, QueueRules, Signed, refused
+
+log = structlog.get_logger(__name__)
+
+SWEEP_SLICE = 256
+"""Queues expired between two yields to the event loop."""
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def head_record(head: Head | None) -> schemas.HeadMessage | None:
+    if head is None:
+        return None
+    return schemas.HeadMessage(msg_id=head.msg_id, ts=head.ts, body=head.body, quota=head.quota)
+
+
+class Commands:
+    """Built with the app; `open()` once the stores are open, `close()` before they close."""
+
+    def __init__(self, bus: Bus, stores: Stores, partitions: int, expire_interval_s: float) -> None:
+        self.bus = bus
+        self.stores = stores
+        self.partitions = partitions
+        self.expire_interval_s = expire_interval_s
+        self._rules: QueueRules | None = None
+        self._outbox: Outbox | None = None
+        self._sweeper: asyncio.Task[None] | None = None
+
+    async def open(self) -> None:
+        journal, store = self.stores.journal, self.stores.store
+        assert journal is not None
+        assert store is not None
+        self._rules = QueueRules(journal.journal, store.store)
+        self._outbox = Outbox(self.bus, journal, store)
+        self._sweeper = asyncio.create_task(self._sweep_every(), name="expiry-sweep")
+
+    @property
+    def rules(self) -> QueueRules:
+        assert self._rules is not None, "not open"
+        return self._rules
+
+    @property
+    def outbox(self) -> Outbox:
+        assert self._outbox is not None, "not open"
+        return self._outbox
+
+    async def close(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            await asyncio.gather(self._sweeper, return_exceptions=True)
+        if self._outbox is not None:
+            await self._outbox.close()
+
+    def _event(self, event: Event) -> Send:
+        record = schemas.QueueEvent(
+            event=event.kind,
+            queue=event.queue,
+            lsn=event.lsn,
+            head=head_record(event.head),
+            slot=event.subscriber.slot if event.subscriber else None,
+            conn=event.subscriber.conn if event.subscriber else "",
+        )
+        return Send(topics.QUEUE_EVENTS, record, ids.partition_of(event.queue, self.partitions))
+
+    def _apply(self, command: schemas.QueueCommand, now: int) -> Outcome:
+        rules = self.rules
+        queue = ids.QueueId(command.queue)
+        if command.op == "create":
+            return rules.create(queue, ids.SenderId(command.sender), command.recipient_key, now)
+        if command.op == "send":
+            sender, body = ids.SenderId(command.sender), ids.unb64u(command.body)
+            return rules.send(sender, command.msg_id, body, command.ttl_s, now)
+        signed = Signed(command.signed, ids.unb64u(command.sig))
+        match command.op:
+            case "info":
+                outcome = rules.info(queue, signed)
+            case "head":
+                outcome = rules.head(queue, signed, now)
+            case "ack":
+                outcome = rules.ack(queue, command.msg_id, signed, now)
+            case "suspend":
+                outcome = rules.suspend(queue, signed, now)
+            case "delete":
+                outcome = rules.delete(queue, signed)
+            case "sub":
+                if command.slot is None:
+                    raise ValueError("sub needs a slot")
+                subscriber = Subscriber(command.slot, command.conn)
+                outcome = rules.subscribe(queue, signed, subscriber, now)
+        return outcome
+
+    async def handle(self, received: Received) -> None:
+        record = received.record
+        if isinstance(record, schemas.QueueResync):
+            outcome = self.rules.resync(
+                ids.QueueId(record.queue), Subscriber(record.slot, record.conn), now_ms()
+            )
+            self.outbox.put(outcome.lsn, None, [self._event(e) for e in outcome.events])
+            return
+        if not isinstance(record, schemas.QueueCommand) or record.expired():
+            return
+        try:
+            outcome = self._apply(record, now_ms())
+        except ValueError as error:  # includes InvalidId and malformed base64
+            outcome = refused(400, "BAD_REQUEST", str(error))
+        reply = schemas.QueueReply(
+            id=record.id,
+            origin=record.origin,
+            status=outcome.status,
+            data=outcome.data,
+            code=outcome.code,
+            detail=outcome.detail,
+        )
+        sends = [self._event(e) for e in outcome.events]
+        sends.append(Send(topics.INGRESS_INBOX, reply, record.reply_slot))
+        self.outbox.put(outcome.lsn, outcome.seq, sends)
+
+    async def sweep(self) -> int:
+        """Drop expired messages from every queue, letting commands run between queues;
+        returns how many queues lost messages."""
+        changed = 0
+        for event in self.rules.expire(now_ms()):
+            self.outbox.put(event.lsn, None, [self._event(event)])
+            changed += 1
+            if changed % SWEEP_SLICE == 0:
+                await asyncio.sleep(0)
+        log.info("queues_swept", changed=changed)
+        return changed
+
+    async def _sweep_every(self) -> None:
+        while True:
+            await asyncio.sleep(self.expire_interval_s)
+            await self.sweep()
