@@ -4,7 +4,9 @@ Invariants:
 - every change is logged (`os.write` to the WAL) before the queue's files change, and with the
   `always` policy a change is acknowledged only after the WAL is fdatasync'ed up to it;
 - opening replays only the WAL since the last checkpoint (it never scans the queue folders), so
-  open time does not grow with the number of queues;
+  open time does not grow with the number of queues; a queue the replay empties and closes is
+  dropped only after the last record (a DROP logged mid-replay would sort after the records
+  still to come, and a kill before the opening checkpoint would let it erase them);
 - only open queues cost memory or file handles; beyond `max_open_queues` the least recently used
   are closed, and a closed empty active queue leaves no files;
 - refused operations (quota, suspended, wrong ack, bad id) change nothing;
@@ -66,8 +68,12 @@ class QueueJournal:
         self.layout = layout.load_layout(self.root, settings.path_fragments)
         self._open: OrderedDict[str, OpenQueue] = OrderedDict()
         self.auto_sync = True
-        """With FsyncPolicy.ALWAYS, fsync inside each call. `AsyncJournal` turns this off and
-        shares fsyncs between concurrent callers instead."""
+        """With FsyncPolicy.ALWAYS, fsync inside each call; with BATCH, fsync in the first call
+        that finds the last fsync `batch_interval_ms` old. `AsyncJournal` turns this off and
+        shares fsyncs between concurrent callers (and batches them in the background) instead."""
+        self._batch_due = 0.0
+        self._replaying = False
+        self._emptied_in_replay: set[str] = set()
         segments = list_segments(self.root)
         self.wal = Wal(self.root, next_generation(self.root))
         self._replay(segments)
@@ -81,7 +87,7 @@ class QueueJournal:
             self._open.move_to_end(queue_id)
             queue.last_used = time.monotonic()
             return queue
-        layout.validate_queue_id(queue_id, self.settings.path_fragments)
+        layout.validate_queue_id(queue_id, self.layout.longest)
         queue = OpenQueue.load(queue_id, self.layout.paths(self.root, queue_id), self.settings)
         self._open[queue_id] = queue
         self._evict()
@@ -96,6 +102,14 @@ class QueueJournal:
         queue = self._open.pop(queue_id)
         self.wal.flush()
         if queue.on_disk and queue.state.size == 0 and not queue.state.suspended:
+            if self._replaying:
+                # A DROP logged now would sort after the records still to replay (its lsn is of
+                # the new generation), and a crash before the opening checkpoint would then
+                # drop what they write: keep the folder, drop it once the replay is done.
+                self._emptied_in_replay.add(queue_id)
+                queue.save_state(self.settings)
+                queue.close_files()
+                return
             self._log(queue, LogRecord(Op.DROP, self.wal.next_lsn(), queue_id))
             self.wal.flush()
             queue.remove()
@@ -131,8 +145,15 @@ class QueueJournal:
     def _after_log(self, lsn: int) -> None:
         if self.wal.segment_bytes >= self.settings.wal_segment_bytes:
             self.checkpoint()
-        elif self.auto_sync and self.settings.fsync is FsyncPolicy.ALWAYS:
-            self.wal.sync_to(lsn)
+        elif self.auto_sync:
+            fsync = self.settings.fsync
+            if fsync is FsyncPolicy.ALWAYS:
+                self.wal.sync_to(lsn)
+            elif fsync is FsyncPolicy.BATCH:
+                now = time.monotonic()
+                if now >= self._batch_due:
+                    self.wal.sync_to(lsn)
+                    self._batch_due = now + self.settings.batch_interval_ms / 1000
 
     # -- operations ------------------------------------------------------------------------
 
@@ -140,9 +161,9 @@ class QueueJournal:
         """Check the id and that the queue holds nothing (an empty, active queue is the same as
         none). Nothing is written: a queue's folder appears with its first message (or its
         suspension), and the queue records themselves are the store log's (issue 5)."""
-        layout.validate_queue_id(queue_id, self.settings.path_fragments)
+        layout.validate_queue_id(queue_id, self.layout.longest)
         known = queue_id in self._open or any(
-            (p / layout.STATE_FILE).exists() for p in self.layout.paths(self.root, queue_id)
+            layout.is_queue_folder(p) for p in self.layout.paths(self.root, queue_id)
         )
         if known:
             state = self._queue(queue_id).state
@@ -321,6 +342,21 @@ class QueueJournal:
             count += 1
             if record.op is Op.DROP:
                 last_drop[record.queue] = record.lsn
+        self._replaying = True
+        try:
+            applied = self._apply_segments(segments, last_drop)
+        finally:
+            self._replaying = False
+        # Queues a replay emptied and closed are dropped now, after every record.
+        for queue_id in sorted(self._emptied_in_replay):
+            if queue_id not in self._open:
+                self._queue(queue_id)
+        self._emptied_in_replay.clear()
+        # Queues opened for the replay are closed again: the store opens with none in memory.
+        self.close_idle(0)
+        log.info("journal_replayed", segments=len(segments), records=count, applied=applied)
+
+    def _apply_segments(self, segments: list[Path], last_drop: dict[str, int]) -> int:
         applied = 0
         for record, path, offset in read_segments(segments):
             if record.op is Op.CHECKPOINT or record.lsn < last_drop.get(record.queue, -1):
@@ -337,6 +373,4 @@ class QueueJournal:
             except (errors.CorruptJournal, OSError) as error:
                 raise errors.CorruptJournal(f"{path.name} at byte {offset}: {error}") from None
             applied += 1
-        # Queues opened for the replay are closed again: the store opens with none in memory.
-        self.close_idle(0)
-        log.info("journal_replayed", segments=len(segments), records=count, applied=applied)
+        return applied

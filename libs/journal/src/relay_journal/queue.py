@@ -5,7 +5,9 @@ Invariants:
   checkpoints and on close, appended, last valid line wins) and the write-ahead log holds every
   change after that, so a state line never needs to be fsynced on the write path;
 - on load, message files are truncated to the recorded write position (bytes past it were never
-  acknowledged) and every missing-file combination is repaired with a warning;
+  acknowledged) and every missing-file combination is repaired with a warning; the write file is
+  truncated to the recorded position again whenever its handle is opened and when it is rotated
+  away, and every append is a pwrite at that position;
 - a queue with no messages holds no open file; `apply()` is deterministic, so replaying a log
   record reproduces exactly what the live write did.
 """
@@ -106,7 +108,13 @@ class OpenQueue:
     def _writer(self) -> int:
         if self._write_fd < 0:
             path = message_file(self.folder, self.state.write.file)
-            self._write_fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+            # Seed 000: truncate to the recorded position before appending. While the handle
+            # stays open every append is a pwrite at the recorded position, and rotation
+            # truncates the file it leaves, so no byte past a recorded position is ever read.
+            if os.fstat(fd).st_size > self.state.write.byte:
+                os.ftruncate(fd, self.state.write.byte)
+            self._write_fd = fd
         return self._write_fd
 
     def _reader(self) -> int:
@@ -260,6 +268,7 @@ class OpenQueue:
         write = state.write
         if file_id != write.file:
             if self._write_fd >= 0:
+                os.ftruncate(self._write_fd, write.byte)  # it is read to its end from now on
                 os.close(self._write_fd)
                 self._write_fd = -1
             write = Pos(file_id, 0, 0)
