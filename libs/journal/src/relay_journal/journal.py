@@ -11,7 +11,10 @@ Invariants:
   are closed, and a closed empty active queue leaves no files;
 - refused operations (quota, suspended, wrong ack, bad id) change nothing;
 - a checkpoint writes every dirty queue's state line, flushes the filesystem (syncfs), then
-  starts a new WAL segment and deletes the old ones.
+  starts a new WAL segment and deletes the old ones;
+- marks (`mark`) are logged in order with the changes and carried by every checkpoint: after a
+  crash, `marks` holds each key's last value whose record is durable, so a caller that marks
+  what it is about to apply before applying it never applies it twice.
 
 Not thread-safe: call it from one thread (the service's event loop); only `Wal.sync_to` may run
 on another thread (see `relay_journal.aio`).
@@ -31,7 +34,7 @@ import structlog
 
 from relay_durable.appendlog import fsync_dir
 from relay_journal import errors, layout, records
-from relay_journal.queue import OpenQueue, new_file_id
+from relay_journal.queue import OpenQueue, new_file_id, read_state_file, span_bytes
 from relay_journal.records import LogRecord, Message, Op
 from relay_journal.settings import FsyncPolicy, JournalSettings
 from relay_journal.wal import Wal, list_segments, next_generation, read_segments
@@ -71,6 +74,8 @@ class QueueJournal:
         """With FsyncPolicy.ALWAYS, fsync inside each call; with BATCH, fsync in the first call
         that finds the last fsync `batch_interval_ms` old. `AsyncJournal` turns this off and
         shares fsyncs between concurrent callers (and batches them in the background) instead."""
+        self.marks: dict[str, str] = {}
+        """Key → value of the last `mark` (e.g. a Kafka partition → the next offset to apply)."""
         self._batch_due = 0.0
         self._replaying = False
         self._emptied_in_replay: set[str] = set()
@@ -244,6 +249,18 @@ class QueueJournal:
         queue.remove()
         return lsn
 
+    def mark(self, key: str, value: str) -> int:
+        """Log `value` for `key` (a caller's position in its source of commands) in order with
+        the changes; returns its lsn. Log it before applying what it covers: the change cannot
+        then be durable without it."""
+        if not key or len(key.encode()) > 255:
+            raise ValueError("mark keys are 1 to 255 bytes")
+        lsn = self.wal.next_lsn()
+        self.wal.append(LogRecord(Op.MARK, lsn, key, marks={key: value}))
+        self.marks[key] = value
+        self._after_log(lsn)
+        return lsn
+
     def expire(self, queue_id: str, now_ms: int) -> int:
         """Drop expired messages from the head; returns how many."""
         return self._expire(self._queue(queue_id), now_ms)
@@ -294,6 +311,25 @@ class QueueJournal:
                     self._close_queue(queue_id)
         return problems
 
+    def stats(self) -> Iterator[tuple[str, int, int]]:
+        """(queue id, messages, message bytes) of every queue holding something, lazily. Closed
+        queues are read from their state line without being opened (a closed queue's line is
+        current: closing writes it), so this costs one small read per queue on disk and no
+        memory; callers may yield to other work between items."""
+        seen = set()
+        for queue_id, queue in list(self._open.items()):
+            seen.add(queue_id)
+            if queue.state.size:
+                yield queue_id, queue.state.size, span_bytes(queue.folder, queue.state)
+        for fragments in {self.layout.current, self.layout.fragments_for_new}:
+            for queue_id, folder in layout.iter_queue_dirs(self.root, fragments):
+                if queue_id in seen or queue_id in self._open:
+                    continue
+                seen.add(queue_id)
+                state, _ = read_state_file(queue_id, folder)
+                if state is not None and state.size:
+                    yield queue_id, state.size, span_bytes(folder, state)
+
     def size(self, queue_id: str) -> int:
         return self._queue(queue_id).state.size
 
@@ -318,7 +354,7 @@ class QueueJournal:
             queue.save_state(self.settings)
         _syncfs(self.root)
         old = self.wal.rotate()
-        self.wal.append(LogRecord(Op.CHECKPOINT, self.wal.next_lsn(), ""))
+        self.wal.append(LogRecord(Op.CHECKPOINT, self.wal.next_lsn(), "", marks=dict(self.marks)))
         self.wal.sync_to(self.wal.written_lsn)
         for path in old:
             path.unlink(missing_ok=True)
@@ -342,6 +378,11 @@ class QueueJournal:
             count += 1
             if record.op is Op.DROP:
                 last_drop[record.queue] = record.lsn
+            elif record.marks is not None:  # MARK, or a CHECKPOINT carrying every mark
+                if record.op is Op.CHECKPOINT:
+                    self.marks = dict(record.marks)
+                else:
+                    self.marks.update(record.marks)
         self._replaying = True
         try:
             applied = self._apply_segments(segments, last_drop)
@@ -359,7 +400,9 @@ class QueueJournal:
     def _apply_segments(self, segments: list[Path], last_drop: dict[str, int]) -> int:
         applied = 0
         for record, path, offset in read_segments(segments):
-            if record.op is Op.CHECKPOINT or record.lsn < last_drop.get(record.queue, -1):
+            if record.op in (Op.CHECKPOINT, Op.MARK) or record.lsn < last_drop.get(
+                record.queue, -1
+            ):
                 continue
             queue = self._queue(record.queue)
             if record.op is Op.DROP:

@@ -81,7 +81,7 @@ class OpenQueue:
 
     @classmethod
     def _load_folder(cls, queue_id: str, folder: Path, settings: JournalSettings) -> OpenQueue:
-        state, lines = _read_state_file(queue_id, folder)
+        state, lines = read_state_file(queue_id, folder)
         rebuilt = state is None
         if state is None:
             state = _rebuild_state(queue_id, folder)
@@ -364,7 +364,21 @@ def _prune_backups(folder: Path, settings: JournalSettings) -> None:
             pass
 
 
-def _read_state_file(queue_id: str, folder: Path) -> tuple[QueueState | None, int]:
+def span_bytes(folder: Path, state: QueueState) -> int:
+    """Bytes of the message records between the read and the write position (a queue has at
+    most two message files: the quota is below the rotation size)."""
+    if state.size == 0:
+        return 0
+    if state.read.file == state.write.file:
+        return state.write.byte - state.read.byte
+    try:
+        read_size = os.path.getsize(message_file(folder, state.read.file))
+    except OSError:
+        read_size = state.read.byte
+    return read_size - state.read.byte + state.write.byte
+
+
+def read_state_file(queue_id: str, folder: Path) -> tuple[QueueState | None, int]:
     """The last valid line of queue.log and the number of lines; (None, 0) if there is none."""
     try:
         data = (folder / STATE_FILE).read_bytes()
