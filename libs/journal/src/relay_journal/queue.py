@@ -9,7 +9,10 @@ Invariants:
   truncated to the recorded position again whenever its handle is opened and when it is rotated
   away, and every append is a pwrite at that position;
 - a queue with no messages holds no open file; `apply()` is deterministic, so replaying a log
-  record reproduces exactly what the live write did.
+  record reproduces exactly what the live write did;
+- live appends to the write file are coalesced (one pwrite for up to `UNWRITTEN_LIMIT` bytes of
+  records): the log already holds them, and they reach the file before anything reads the file,
+  rotates or closes it, or writes a state line that counts them.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from relay_journal.settings import JournalSettings
 log = structlog.get_logger(__name__)
 
 STATE_FILE = layout.STATE_FILE
+UNWRITTEN_LIMIT = 64 * 1024  # bytes of appended records held before one pwrite writes them
 
 
 def new_file_id() -> str:
@@ -60,6 +64,10 @@ class OpenQueue:
         """lsn of the last state line written; -1 when no queue.log exists."""
         self._write_fd = -1
         self._read_fd = -1
+        self._unwritten: list[bytes] = []
+        """Records appended by `append` and not yet in the write file, from `_unwritten_at`."""
+        self._unwritten_at = 0
+        self._unwritten_bytes = 0
         self._read_file = ""
         self.head: tuple[Message, int] | None = None
         """The next message and the byte after it in the read file, once read (not re-read)."""
@@ -126,7 +134,14 @@ class OpenQueue:
             self._read_file = self.state.read.file
         return self._read_fd
 
+    def _write_unwritten(self) -> None:
+        if self._unwritten:
+            os.pwrite(self._write_fd, b"".join(self._unwritten), self._unwritten_at)
+            self._unwritten.clear()
+            self._unwritten_bytes = 0
+
     def close_files(self) -> None:
+        self._write_unwritten()
         for fd in (self._write_fd, self._read_fd):
             if fd >= 0:
                 os.close(fd)
@@ -143,6 +158,7 @@ class OpenQueue:
         """The head message, read once and cached; None when the queue is empty."""
         if self.head is not None:
             return self.head[0]
+        self._write_unwritten()
         while self.state.size > 0:
             read = self.state.read
             if read.file != self.state.write.file and read.byte >= self._read_file_size():
@@ -160,6 +176,7 @@ class OpenQueue:
 
     def messages(self) -> list[Message]:
         """Every message from the head on, read-only (for checks and tests)."""
+        self._write_unwritten()
         out: list[Message] = []
         state = self.state
         files = (
@@ -255,7 +272,12 @@ class OpenQueue:
         if not self.on_disk or file_id != write.file or self._write_fd < 0:
             self._apply_write(message, file_id, data)
         else:
-            os.pwrite(self._write_fd, data, write.byte)
+            if not self._unwritten:
+                self._unwritten_at = write.byte
+            self._unwritten.append(data)
+            self._unwritten_bytes += len(data)
+            if self._unwritten_bytes >= UNWRITTEN_LIMIT:
+                self._write_unwritten()
             state.write = Pos(file_id, write.msg + 1, write.byte + len(data))
             state.size += 1
             if message.quota:
@@ -263,6 +285,7 @@ class OpenQueue:
         state.lsn = lsn
 
     def _apply_write(self, message: Message, file_id: str, data: bytes) -> None:
+        self._write_unwritten()
         self._ensure_folder()
         state = self.state
         write = state.write
@@ -318,6 +341,7 @@ class OpenQueue:
         """Append the state line if it changed; True if something was written."""
         if not self.on_disk or self.written_lsn == self.state.lsn:
             return False
+        self._write_unwritten()  # the line counts those bytes: they must be in the file first
         if self.state_lines + 1 > settings.state_compact_lines:
             self.compact(settings)
             return True
@@ -347,6 +371,8 @@ class OpenQueue:
     def remove(self) -> None:
         """Remove the queue's folder. The fragment folders above it stay: they are shared, cost
         no file, and removing them would cost four rmdirs per emptied queue."""
+        self._unwritten.clear()
+        self._unwritten_bytes = 0
         self.close_files()
         shutil.rmtree(self.folder, ignore_errors=True)
         self.on_disk = False
