@@ -16,6 +16,7 @@ after another on its event loop and waits for durability outside.
 
 from __future__ import annotations
 
+import hmac
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -190,7 +191,8 @@ class QueueRules:
         if self._recipient(queue, signed) is None:
             return AUTH_REFUSED
         current = self.journal.peek(queue)
-        if current is None or ids.b64u(current.msg_id) != msg_id:
+        # Constant time: the answer must not tell how much of a guessed msg_id was right.
+        if current is None or not hmac.compare_digest(ids.b64u(current.msg_id), msg_id):
             return refused(404, "NO_MSG", "msg_id is not the message in flight")
         self.journal.ack(queue, current.msg_id)
         return _message_outcome(self._event("changed", queue, now_ms))
