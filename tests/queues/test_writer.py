@@ -75,6 +75,7 @@ def test_send_head_ack_in_order(rules: QueueRules) -> None:
     assert head.data == {"msg_id": first, "ts": NOW, "body": ids.b64u(b"one")}
     assert head.events[0].kind == "read"
     assert rules.head(r.queue, r.signed(), NOW).data == head.data  # same message until ACK
+    assert rules.ack(r.queue, "é" * 32, r.signed(), NOW).code == "NO_MSG"  # not ASCII
     wrong = rules.ack(r.queue, second, r.signed(), NOW)
     assert (wrong.status, wrong.code) == (404, "NO_MSG")
     acked = rules.ack(r.queue, first, r.signed(), NOW)

@@ -192,7 +192,9 @@ class QueueRules:
             return AUTH_REFUSED
         current = self.journal.peek(queue)
         # Constant time: the answer must not tell how much of a guessed msg_id was right.
-        if current is None or not hmac.compare_digest(ids.b64u(current.msg_id), msg_id):
+        if current is None or not hmac.compare_digest(
+            ids.b64u(current.msg_id).encode(), msg_id.encode()
+        ):
             return refused(404, "NO_MSG", "msg_id is not the message in flight")
         self.journal.ack(queue, current.msg_id)
         return _message_outcome(self._event("changed", queue, now_ms))
