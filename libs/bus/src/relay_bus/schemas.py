@@ -139,6 +139,12 @@ class HeadMessage(_Record):
     quota: bool = False
 
 
+def head_message(head: object | None) -> HeadMessage | None:
+    """A queue's head from the queue rules (any object with `msg_id`, `ts`, `body`, `quota`,
+    such as `relay_queues.delivery.Head`) as a record."""
+    return None if head is None else HeadMessage.model_validate(head, from_attributes=True)
+
+
 class QueueEvent(_Record):
     """What a queue-writer did to a queue, for delivery (`relay_queues.delivery`); or, with
     `event="unsubscribed"`, an ingress saying a subscriber's connection closed."""

@@ -30,15 +30,7 @@ RESYNC_RETRY_S = 1.0
 
 
 def _head(record: schemas.HeadMessage | None) -> Head | None:
-    if record is None:
-        return None
-    return Head(record.msg_id, record.ts, record.body, record.quota)
-
-
-def _record(head: Head | None) -> schemas.HeadMessage | None:
-    if head is None:
-        return None
-    return schemas.HeadMessage(msg_id=head.msg_id, ts=head.ts, body=head.body, quota=head.quota)
+    return None if record is None else Head(**record.model_dump())
 
 
 class Pushes:
@@ -92,7 +84,7 @@ class Pushes:
             frame=push.frame.value,
             conn=push.to.conn,
             queue=push.queue,
-            head=_record(push.head),
+            head=schemas.head_message(push.head),
         )
         self.bus.post(topics.INGRESS_INBOX, record, partition=push.to.slot)
 

@@ -27,7 +27,7 @@ from relay_bus.consumers import Received
 from relay_queue_writer.outbox import Outbox, Send
 from relay_queue_writer.stores import Stores
 from relay_queues import ids
-from relay_queues.delivery import Head, Subscriber
+from relay_queues.delivery import Subscriber
 from relay_queues.writer import Event, Outcome, QueueRules, Signed, refused
 
 log = structlog.get_logger(__name__)
@@ -38,12 +38,6 @@ SWEEP_SLICE = 256
 
 def now_ms() -> int:
     return int(time.time() * 1000)
-
-
-def head_record(head: Head | None) -> schemas.HeadMessage | None:
-    if head is None:
-        return None
-    return schemas.HeadMessage(msg_id=head.msg_id, ts=head.ts, body=head.body, quota=head.quota)
 
 
 class Commands:
@@ -90,7 +84,7 @@ class Commands:
             event=event.kind,
             queue=event.queue,
             lsn=event.lsn,
-            head=head_record(event.head),
+            head=schemas.head_message(event.head),
             slot=event.subscriber.slot if event.subscriber else None,
             conn=event.subscriber.conn if event.subscriber else "",
         )
