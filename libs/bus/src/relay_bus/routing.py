@@ -26,7 +26,9 @@ import re
 SHARD_SPAN = 1024
 """Shards one owner may have per database (the stream store's `MAX_SHARDS`)."""
 
-_ADDRESSED = re.compile(r"^(0|[1-9][0-9]{0,3})\.([A-Za-z0-9_-]+)$")
+ADDRESS_PATTERN = r"^(0|[1-9][0-9]{0,3})\.([A-Za-z0-9_-]+)$"
+"""An addressed stream or iterator string (for API schemas)."""
+_ADDRESSED = re.compile(ADDRESS_PATTERN)
 
 
 def partition_of_topic(topic: str, partitions: int) -> int:

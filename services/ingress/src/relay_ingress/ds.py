@@ -30,17 +30,20 @@ from relay_ingress.errors import ApiError, documented
 from relay_queues import ids
 from relay_streams import catalog, topics
 from relay_streams.errors import BadToken
-from relay_streams.model import MAX_TS, Stream, StreamIterator
+from relay_streams.model import Stream, StreamIterator
 
 router = APIRouter(
     prefix="/v1/ds", tags=["durable streams"], responses=documented(400, 404, 413, 503)
 )
 
 B64U_PATTERN = r"^(?:[A-Za-z0-9_-]{4})*(?:[A-Za-z0-9_-]{2,3})?$"
+MAX_TS_JSON = 2**53 - 1  # ms, ~ year 287,000
+"""Largest ts or start taken: integers beyond it lose precision in JSON clients that read
+numbers as doubles (the store itself takes up to 2**63 - 1)."""
 MAX_NEXT = 1000
 """Most messages one `next` may ask for (an answer may also stop earlier, by size)."""
 DbPath = Annotated[str, Path(pattern=catalog.NAME_PATTERN, description="database name")]
-Ts = Annotated[int, Field(ge=0, le=MAX_TS, description="Unix ms")]
+Ts = Annotated[int, Field(ge=0, le=MAX_TS_JSON, description="Unix ms")]
 
 
 class _Body(BaseModel):
@@ -48,7 +51,7 @@ class _Body(BaseModel):
 
 
 class NewMessage(_Body):
-    topic: str = Field(min_length=1, description="topic name (no wildcards)")
+    topic: str = Field(pattern=topics.TOPIC_PATTERN, description="topic name (no wildcards)")
     payload: str = Field(pattern=B64U_PATTERN, description="b64u payload")
     ts: Ts | None = None
     """Unix ms; omitted: the store's clock (never decreasing per database)."""
@@ -67,8 +70,8 @@ class RankedStream(BaseModel):
 
 
 class NewIterator(_Body):
-    stream: str = Field(min_length=1)
-    filter: str = Field(min_length=1)
+    stream: str = Field(pattern=routing.ADDRESS_PATTERN, description="a stream string")
+    filter: str = Field(min_length=1, pattern=topics.FILTER_PATTERN)
     start: Ts = 0
 
 
@@ -130,7 +133,9 @@ def _iterator_token(ctx: Context, db: str, text: str) -> tuple[int, str]:
 
 
 @router.post("/{db}/messages", status_code=201, response_model=Stored)
-async def store(ctx: Ctx, db: DbPath, messages: Annotated[list[NewMessage], Body()]) -> Stored:
+async def store(
+    ctx: Ctx, db: DbPath, messages: Annotated[list[NewMessage], Body(min_length=1)]
+) -> Stored:
     """Store a batch; 201 once every message is durable (fsynced at its retainer)."""
     config = ctx.config
     if not messages:
@@ -172,8 +177,10 @@ async def store(ctx: Ctx, db: DbPath, messages: Annotated[list[NewMessage], Body
 async def streams(
     ctx: Ctx,
     db: DbPath,
-    filter: Annotated[str, Query(min_length=1, description="topic filter")],
-    start: Annotated[int, Query(ge=0, le=MAX_TS, description="Unix ms")] = 0,
+    filter: Annotated[
+        str, Query(min_length=1, pattern=topics.FILTER_PATTERN, description="topic filter")
+    ],
+    start: Annotated[int, Query(ge=0, le=MAX_TS_JSON, description="Unix ms")] = 0,
 ) -> list[RankedStream]:
     """Streams that may hold messages matching the filter from `start`, from every retainer,
     sorted by rank."""
@@ -204,7 +211,7 @@ async def make_iterator(ctx: Ctx, db: DbPath, new: NewIterator) -> IteratorMade:
 async def next_messages(
     ctx: Ctx,
     db: DbPath,
-    iterator: Annotated[str, Query(min_length=1)],
+    iterator: Annotated[str, Query(pattern=routing.ADDRESS_PATTERN, description="an iterator")],
     n: Annotated[int, Query(ge=1, le=MAX_NEXT)] = 100,
 ) -> NextMessages:
     """Up to `n` messages after the iterator (fewer when the answer reaches its size limit),
