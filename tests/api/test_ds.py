@@ -9,8 +9,11 @@ stream store is seeded before the suite starts with one registered site that is 
 from __future__ import annotations
 
 import base64
+import os
 import re
+import signal
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -239,6 +242,40 @@ def test_unknown_database_is_not_found(http: httpx.Client) -> None:
     stream = "0." + Stream("nosuchdb", 0, 1, 0).token()
     made = http.post("/v1/ds/nosuchdb/iterators", json={"stream": stream, "filter": "#"})
     _error(made, 404, "NOT_FOUND")
+
+
+def test_acknowledged_messages_and_iterators_survive_a_retainer_kill(
+    http: httpx.Client, running: helpers.Running
+) -> None:
+    """SIGKILL the retainer holding a topic right after a 201: relayctl restarts it, the
+    messages are there and an iterator string made before the kill goes on from its place."""
+    topic = next(t for t in topics_on_both_owners(f"k{uuid.uuid4().hex[:8]}", 1) if _owner(t) == 1)
+    batch = [{"topic": topic, "payload": b64u(b"%d" % i), "ts": 100 + i} for i in range(3)]
+    assert http.post("/v1/ds/messages/messages", json=batch).status_code == 201
+    (ranked,) = http.get("/v1/ds/messages/streams", params={"filter": topic}).json()
+    iterator = http.post(
+        "/v1/ds/messages/iterators", json={"stream": ranked["stream"], "filter": topic}
+    ).json()["iterator"]
+    first = http.get("/v1/ds/messages/next", params={"iterator": iterator, "n": 1}).json()
+    child = next(c for c in running.state.children if c.name == "relay-retainer-1")
+    assert child.pid is not None
+    os.kill(child.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while True:
+        assert time.monotonic() < deadline, "the retainer did not come back within 30 s"
+        page = http.get("/v1/ds/messages/next", params={"iterator": first["iterator"]})
+        if page.status_code == 200:
+            break
+        assert page.status_code == 503, page.text
+        time.sleep(0.5)
+    assert [m["ts"] for m in page.json()["messages"]] == [101, 102]
+    assert replay(http, topic) == [
+        {"topic": topic, "payload": m["payload"], "ts": m["ts"]} for m in batch
+    ]
+
+
+def _owner(topic: str) -> int:
+    return routing.partition_of_topic(topic, PARTITIONS) % 2
 
 
 # -- admin -----------------------------------------------------------------------------------------
