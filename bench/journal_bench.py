@@ -12,7 +12,9 @@ Measures, in one run on this machine:
 - `deliver_ack_per_s`: peek + ack (durable) of what was written, same concurrency;
 - `rss_mb_100k_idle_queues`: resident-memory growth of a fresh process after creating
   `--idle-queues` queues with 3 messages each and closing the idle ones;
-- `open_s_100k`: time to open the journal holding them, in a fresh process.
+- `open_s_100k`: time to open the journal holding them, in a fresh process;
+- `load_avg_1m`: the machine's 1-minute load average before and after (the figures are CPU-bound:
+  a loaded machine lowers them).
 The last line is a JSON summary.
 """
 
@@ -192,6 +194,7 @@ def main() -> None:
         open_child(args.child_open[0])
         return
 
+    load_before = os.getloadavg()[0]  # other work on the machine skews every figure
     base = args.dir or Path("var")
     base.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="journal-bench-", dir=base))
@@ -225,6 +228,7 @@ def main() -> None:
         "rss_mb_100k_idle_queues": idle["rss_mb"] and round(idle["rss_mb"], 1),
         "create_s_idle_queues": idle["create_s"] and round(idle["create_s"], 1),
         "open_s_100k": opened["open_s"] and round(opened["open_s"], 3),
+        "load_avg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
     }
     report.emit(summary)
 

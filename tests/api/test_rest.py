@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import subprocess
 import time
 
 import httpx
 import pytest
 
+from tests import helpers
 from tests.api.client import Recipient, b64u, unb64u
 
 pytestmark = pytest.mark.suite
@@ -159,3 +161,31 @@ def test_every_error_has_the_api_shape(http: httpx.Client) -> None:
         http.get("/admin/ping"),
     ]:
         assert set(response.json()) == {"error", "detail"}, response.text
+
+
+def test_queue_stats_over_admin_and_relayctl(http: httpx.Client, running: helpers.Running) -> None:
+    auth = {"Authorization": f"Bearer {running.token()}"}
+    before = http.get("/admin/queues/stats", headers=auth).json()["total"]
+    r = Recipient(http).create()
+    r.send(b"x" * 100)
+    r.send(b"y" * 100)
+    after = http.get("/admin/queues/stats", headers=auth)
+    assert after.status_code == 200
+    (writer,) = after.json()["writers"]
+    assert writer["partitions"] == list(range(8))
+    total = after.json()["total"]
+    assert total["queues"] == before["queues"] + 1
+    assert total["messages"] == before["messages"] + 2
+    assert total["bytes"] >= before["bytes"] + 200
+    assert total["open_queues"] >= 1
+    _error(http.get("/admin/queues/stats"), 403, "FORBIDDEN")
+    shown = subprocess.run(
+        [str(helpers.BIN / "relayctl"), "queue", "stats", "--data-dir", str(running.data_dir)],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=helpers.service_env(),
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert "queue-writer-0" in shown.stdout
+    assert f" {total['messages']} " in shown.stdout.split("total")[1]

@@ -246,3 +246,16 @@ def test_async_store_log_shares_fsyncs_and_survives_a_dump_midway(tmp_path: Path
     restored = StoreLog(StoreLogSettings(root=tmp_path))
     assert sorted(restored.queues) == [f"r{i:05d}" for i in range(200)]
     restored.close()
+
+
+def test_lines_written_with_the_json_module_read_back_byte_for_byte() -> None:
+    """Lines written before orjson (json.dumps, compact, sorted) decode, and re-encode to the
+    same bytes."""
+    import json
+    import zlib
+
+    data = records.queue_to_data(script.record(7))
+    text = f"v1 new {json.dumps(data, separators=(',', ':'), sort_keys=True)}"
+    old = f"{text} {zlib.crc32(text.encode()):08x}\n".encode()
+    assert records.decode(old) == records.Line("new", data)
+    assert records.encode("new", data) == old

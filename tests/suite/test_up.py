@@ -152,7 +152,8 @@ def test_a_child_dying_at_start_stops_the_suite_and_is_named(tmp_path: Path) -> 
 
 
 def test_killing_relayctl_leaves_no_orphans(tmp_path: Path) -> None:
-    with suite(tmp_path, "--port", str(free_port())) as running:
+    # --port 0 (any free port): regression, the ready line's URL once named another free port.
+    with suite(tmp_path, "--port", "0") as running:
         running.collect_descendants()
         running.process.send_signal(signal.SIGKILL)
         running.process.wait()

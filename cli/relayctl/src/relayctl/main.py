@@ -16,6 +16,8 @@ app = typer.Typer(help="Run and inspect a Relay suite.", no_args_is_help=True, a
 console = Console()
 app.add_typer(journal_commands.app, name="journal")
 app.add_typer(ds_commands.app, name="ds")
+queue_app = typer.Typer(help="Queues of the running suite.", no_args_is_help=True)
+app.add_typer(queue_app, name="queue")
 
 DataDir = Annotated[Path, typer.Option("--data-dir", help="Where the suite keeps its data.")]
 
@@ -137,3 +139,18 @@ def dump(
         table.add_row(*row)
     console.print(table)
     console.print(("finished" if wait else "started") + f": dump {report['dump']}")
+
+
+@queue_app.command("stats")
+def queue_stats(data_dir: DataDir = Path("./var")) -> None:
+    """Queues, messages, bytes and open queues, per queue-writer."""
+    report = calls.admin(data_dir, "GET", "/admin/queues/stats", "queue stats", 60)
+    table = Table("queue-writer", "partitions", "queues", "messages", "bytes", "open queues")
+    rows = [*report["writers"], {"instance": "total", "partitions": [], **report["total"]}]
+    for row in rows:
+        table.add_row(
+            row["instance"],
+            ",".join(map(str, row["partitions"])),
+            *(str(row[key]) for key in ("queues", "messages", "bytes", "open_queues")),
+        )
+    console.print(table)

@@ -73,7 +73,8 @@ class Suite:
         self.services = [
             self._service(name, k) for name in SERVICES for k in range(options.counts[name])
         ]
-        self.ingress_url = f"http://{host}:{self._ingress_port(0)}"
+        first_ingress = next(c for c in self.services if c.name == "relay-ingress-0")
+        self.ingress_url = f"http://{host}:{first_ingress.port}"
 
     @property
     def children(self) -> list[processes.Child]:

@@ -4,12 +4,17 @@ Invariants:
 - every change is logged (`os.write` to the WAL) before the queue's files change, and with the
   `always` policy a change is acknowledged only after the WAL is fdatasync'ed up to it;
 - opening replays only the WAL since the last checkpoint (it never scans the queue folders), so
-  open time does not grow with the number of queues;
+  open time does not grow with the number of queues; a queue the replay empties and closes is
+  dropped only after the last record (a DROP logged mid-replay would sort after the records
+  still to come, and a kill before the opening checkpoint would let it erase them);
 - only open queues cost memory or file handles; beyond `max_open_queues` the least recently used
   are closed, and a closed empty active queue leaves no files;
 - refused operations (quota, suspended, wrong ack, bad id) change nothing;
 - a checkpoint writes every dirty queue's state line, flushes the filesystem (syncfs), then
-  starts a new WAL segment and deletes the old ones.
+  starts a new WAL segment and deletes the old ones;
+- marks (`mark`) are logged in order with the changes and carried by every checkpoint: after a
+  crash, `marks` holds each key's last value whose record is durable, so a caller that marks
+  what it is about to apply before applying it never applies it twice.
 
 Not thread-safe: call it from one thread (the service's event loop); only `Wal.sync_to` may run
 on another thread (see `relay_journal.aio`).
@@ -29,7 +34,7 @@ import structlog
 
 from relay_durable.appendlog import fsync_dir
 from relay_journal import errors, layout, records
-from relay_journal.queue import OpenQueue, new_file_id
+from relay_journal.queue import OpenQueue, new_file_id, read_state_file, span_bytes
 from relay_journal.records import LogRecord, Message, Op
 from relay_journal.settings import FsyncPolicy, JournalSettings
 from relay_journal.wal import Wal, list_segments, next_generation, read_segments
@@ -66,8 +71,14 @@ class QueueJournal:
         self.layout = layout.load_layout(self.root, settings.path_fragments)
         self._open: OrderedDict[str, OpenQueue] = OrderedDict()
         self.auto_sync = True
-        """With FsyncPolicy.ALWAYS, fsync inside each call. `AsyncJournal` turns this off and
-        shares fsyncs between concurrent callers instead."""
+        """With FsyncPolicy.ALWAYS, fsync inside each call; with BATCH, fsync in the first call
+        that finds the last fsync `batch_interval_ms` old. `AsyncJournal` turns this off and
+        shares fsyncs between concurrent callers (and batches them in the background) instead."""
+        self.marks: dict[str, str] = {}
+        """Key → value of the last `mark` (e.g. a Kafka partition → the next offset to apply)."""
+        self._batch_due = 0.0
+        self._replaying = False
+        self._emptied_in_replay: set[str] = set()
         segments = list_segments(self.root)
         self.wal = Wal(self.root, next_generation(self.root))
         self._replay(segments)
@@ -81,7 +92,7 @@ class QueueJournal:
             self._open.move_to_end(queue_id)
             queue.last_used = time.monotonic()
             return queue
-        layout.validate_queue_id(queue_id, self.settings.path_fragments)
+        layout.validate_queue_id(queue_id, self.layout.longest)
         queue = OpenQueue.load(queue_id, self.layout.paths(self.root, queue_id), self.settings)
         self._open[queue_id] = queue
         self._evict()
@@ -96,6 +107,14 @@ class QueueJournal:
         queue = self._open.pop(queue_id)
         self.wal.flush()
         if queue.on_disk and queue.state.size == 0 and not queue.state.suspended:
+            if self._replaying:
+                # A DROP logged now would sort after the records still to replay (its lsn is of
+                # the new generation), and a crash before the opening checkpoint would then
+                # drop what they write: keep the folder, drop it once the replay is done.
+                self._emptied_in_replay.add(queue_id)
+                queue.save_state(self.settings)
+                queue.close_files()
+                return
             self._log(queue, LogRecord(Op.DROP, self.wal.next_lsn(), queue_id))
             self.wal.flush()
             queue.remove()
@@ -131,8 +150,15 @@ class QueueJournal:
     def _after_log(self, lsn: int) -> None:
         if self.wal.segment_bytes >= self.settings.wal_segment_bytes:
             self.checkpoint()
-        elif self.auto_sync and self.settings.fsync is FsyncPolicy.ALWAYS:
-            self.wal.sync_to(lsn)
+        elif self.auto_sync:
+            fsync = self.settings.fsync
+            if fsync is FsyncPolicy.ALWAYS:
+                self.wal.sync_to(lsn)
+            elif fsync is FsyncPolicy.BATCH:
+                now = time.monotonic()
+                if now >= self._batch_due:
+                    self.wal.sync_to(lsn)
+                    self._batch_due = now + self.settings.batch_interval_ms / 1000
 
     # -- operations ------------------------------------------------------------------------
 
@@ -140,9 +166,9 @@ class QueueJournal:
         """Check the id and that the queue holds nothing (an empty, active queue is the same as
         none). Nothing is written: a queue's folder appears with its first message (or its
         suspension), and the queue records themselves are the store log's (issue 5)."""
-        layout.validate_queue_id(queue_id, self.settings.path_fragments)
+        layout.validate_queue_id(queue_id, self.layout.longest)
         known = queue_id in self._open or any(
-            (p / layout.STATE_FILE).exists() for p in self.layout.paths(self.root, queue_id)
+            layout.is_queue_folder(p) for p in self.layout.paths(self.root, queue_id)
         )
         if known:
             state = self._queue(queue_id).state
@@ -223,6 +249,18 @@ class QueueJournal:
         queue.remove()
         return lsn
 
+    def mark(self, key: str, value: str) -> int:
+        """Log `value` for `key` (a caller's position in its source of commands) in order with
+        the changes; returns its lsn. Log it before applying what it covers: the change cannot
+        then be durable without it."""
+        if not key or len(key.encode()) > 255:
+            raise ValueError("mark keys are 1 to 255 bytes")
+        lsn = self.wal.next_lsn()
+        self.wal.append(LogRecord(Op.MARK, lsn, key, marks={key: value}))
+        self.marks[key] = value
+        self._after_log(lsn)
+        return lsn
+
     def expire(self, queue_id: str, now_ms: int) -> int:
         """Drop expired messages from the head; returns how many."""
         return self._expire(self._queue(queue_id), now_ms)
@@ -273,6 +311,25 @@ class QueueJournal:
                     self._close_queue(queue_id)
         return problems
 
+    def stats(self) -> Iterator[tuple[str, int, int]]:
+        """(queue id, messages, message bytes) of every queue holding something, lazily. Closed
+        queues are read from their state line without being opened (a closed queue's line is
+        current: closing writes it), so this costs one small read per queue on disk and no
+        memory; callers may yield to other work between items."""
+        seen = set()
+        for queue_id, queue in list(self._open.items()):
+            seen.add(queue_id)
+            if queue.state.size:
+                yield queue_id, queue.state.size, span_bytes(queue.folder, queue.state)
+        for fragments in {self.layout.current, self.layout.fragments_for_new}:
+            for queue_id, folder in layout.iter_queue_dirs(self.root, fragments):
+                if queue_id in seen or queue_id in self._open:
+                    continue
+                seen.add(queue_id)
+                state, _ = read_state_file(queue_id, folder)
+                if state is not None and state.size:
+                    yield queue_id, state.size, span_bytes(folder, state)
+
     def size(self, queue_id: str) -> int:
         return self._queue(queue_id).state.size
 
@@ -297,7 +354,7 @@ class QueueJournal:
             queue.save_state(self.settings)
         _syncfs(self.root)
         old = self.wal.rotate()
-        self.wal.append(LogRecord(Op.CHECKPOINT, self.wal.next_lsn(), ""))
+        self.wal.append(LogRecord(Op.CHECKPOINT, self.wal.next_lsn(), "", marks=dict(self.marks)))
         self.wal.sync_to(self.wal.written_lsn)
         for path in old:
             path.unlink(missing_ok=True)
@@ -321,9 +378,31 @@ class QueueJournal:
             count += 1
             if record.op is Op.DROP:
                 last_drop[record.queue] = record.lsn
+            elif record.marks is not None:  # MARK, or a CHECKPOINT carrying every mark
+                if record.op is Op.CHECKPOINT:
+                    self.marks = dict(record.marks)
+                else:
+                    self.marks.update(record.marks)
+        self._replaying = True
+        try:
+            applied = self._apply_segments(segments, last_drop)
+        finally:
+            self._replaying = False
+        # Queues a replay emptied and closed are dropped now, after every record.
+        for queue_id in sorted(self._emptied_in_replay):
+            if queue_id not in self._open:
+                self._queue(queue_id)
+        self._emptied_in_replay.clear()
+        # Queues opened for the replay are closed again: the store opens with none in memory.
+        self.close_idle(0)
+        log.info("journal_replayed", segments=len(segments), records=count, applied=applied)
+
+    def _apply_segments(self, segments: list[Path], last_drop: dict[str, int]) -> int:
         applied = 0
         for record, path, offset in read_segments(segments):
-            if record.op is Op.CHECKPOINT or record.lsn < last_drop.get(record.queue, -1):
+            if record.op in (Op.CHECKPOINT, Op.MARK) or record.lsn < last_drop.get(
+                record.queue, -1
+            ):
                 continue
             queue = self._queue(record.queue)
             if record.op is Op.DROP:
@@ -337,6 +416,4 @@ class QueueJournal:
             except (errors.CorruptJournal, OSError) as error:
                 raise errors.CorruptJournal(f"{path.name} at byte {offset}: {error}") from None
             applied += 1
-        # Queues opened for the replay are closed again: the store opens with none in memory.
-        self.close_idle(0)
-        log.info("journal_replayed", segments=len(segments), records=count, applied=applied)
+        return applied

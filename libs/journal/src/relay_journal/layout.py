@@ -25,7 +25,8 @@ LAYOUT_FILE = "layout.json"
 LAYOUT_VERSION = 1
 QUEUES_DIR = "queues"
 STATE_FILE = "queue.log"
-"""Every persisted queue folder has one; a folder without it is not a queue (yet)."""
+"""Every persisted queue folder has one, unless it was lost: a folder holding message files
+without it is a queue too (loading rebuilds its state)."""
 
 
 def validate_queue_id(queue_id: str, fragments: tuple[int, ...]) -> None:
@@ -63,6 +64,11 @@ class Layout:
     @property
     def fragments_for_new(self) -> tuple[int, ...]:
         return self.target or self.current
+
+    @property
+    def longest(self) -> tuple[int, ...]:
+        """The fragments a queue id must be longer than to have a folder in every layout in use."""
+        return max((self.current, self.target or ()), key=sum)
 
 
 def _write_layout(root: Path, layout: Layout) -> None:
@@ -110,10 +116,22 @@ def iter_queue_dirs(root: Path, fragments: tuple[int, ...]) -> Iterator[tuple[st
             if depth < len(fragments):
                 if len(entry.name) == fragments[depth]:
                     yield from walk(Path(entry.path), depth + 1, prefix + entry.name)
-            elif _ID.match(entry.name) and os.path.exists(os.path.join(entry.path, STATE_FILE)):
+            elif _ID.match(entry.name) and is_queue_folder(entry.path):
                 yield prefix + entry.name, Path(entry.path)
 
     yield from walk(root / QUEUES_DIR, 0, "")
+
+
+def is_queue_folder(path: str | Path) -> bool:
+    """Holds queue.log, or (queue.log lost) message files."""
+    if os.path.exists(os.path.join(path, STATE_FILE)):
+        return True
+    try:  # queue.log lost: the message files still make it a queue (rarely reached)
+        return any(
+            name.startswith("messages.") and name.endswith(".log") for name in os.listdir(path)
+        )
+    except OSError:
+        return False
 
 
 def migrate(root: Path, to: tuple[int, ...], *, limit: int | None = None) -> tuple[int, bool]:
@@ -123,6 +141,9 @@ def migrate(root: Path, to: tuple[int, ...], *, limit: int | None = None) -> tup
     if layout.target is None:
         if layout.current == to:
             return 0, True
+        first = next(iter_queue_dirs(root, layout.current), None)
+        if first is not None:  # queue ids have one length: refuse before anything moves
+            validate_queue_id(first[0], to)
         layout = Layout(layout.current, to)
         _write_layout(root, layout)
     elif layout.target != to:
@@ -131,6 +152,7 @@ def migrate(root: Path, to: tuple[int, ...], *, limit: int | None = None) -> tup
     for queue_id, folder in iter_queue_dirs(root, layout.current):
         if limit is not None and moved >= limit:
             return moved, False
+        validate_queue_id(queue_id, to)
         destination = root / QUEUES_DIR / relative_path(queue_id, to)
         if destination == folder:
             continue

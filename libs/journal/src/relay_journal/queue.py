@@ -5,9 +5,14 @@ Invariants:
   checkpoints and on close, appended, last valid line wins) and the write-ahead log holds every
   change after that, so a state line never needs to be fsynced on the write path;
 - on load, message files are truncated to the recorded write position (bytes past it were never
-  acknowledged) and every missing-file combination is repaired with a warning;
+  acknowledged) and every missing-file combination is repaired with a warning; the write file is
+  truncated to the recorded position again whenever its handle is opened and when it is rotated
+  away, and every append is a pwrite at that position;
 - a queue with no messages holds no open file; `apply()` is deterministic, so replaying a log
-  record reproduces exactly what the live write did.
+  record reproduces exactly what the live write did;
+- live appends to the write file are coalesced (one pwrite for up to `UNWRITTEN_LIMIT` bytes of
+  records): the log already holds them, and they reach the file before anything reads the file,
+  rotates or closes it, or writes a state line that counts them.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from relay_journal.settings import JournalSettings
 log = structlog.get_logger(__name__)
 
 STATE_FILE = layout.STATE_FILE
+UNWRITTEN_LIMIT = 64 * 1024  # bytes of appended records held before one pwrite writes them
 
 
 def new_file_id() -> str:
@@ -58,6 +64,10 @@ class OpenQueue:
         """lsn of the last state line written; -1 when no queue.log exists."""
         self._write_fd = -1
         self._read_fd = -1
+        self._unwritten: list[bytes] = []
+        """Records appended by `append` and not yet in the write file, from `_unwritten_at`."""
+        self._unwritten_at = 0
+        self._unwritten_bytes = 0
         self._read_file = ""
         self.head: tuple[Message, int] | None = None
         """The next message and the byte after it in the read file, once read (not re-read)."""
@@ -79,7 +89,7 @@ class OpenQueue:
 
     @classmethod
     def _load_folder(cls, queue_id: str, folder: Path, settings: JournalSettings) -> OpenQueue:
-        state, lines = _read_state_file(queue_id, folder)
+        state, lines = read_state_file(queue_id, folder)
         rebuilt = state is None
         if state is None:
             state = _rebuild_state(queue_id, folder)
@@ -106,7 +116,13 @@ class OpenQueue:
     def _writer(self) -> int:
         if self._write_fd < 0:
             path = message_file(self.folder, self.state.write.file)
-            self._write_fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+            # Seed 000: truncate to the recorded position before appending. While the handle
+            # stays open every append is a pwrite at the recorded position, and rotation
+            # truncates the file it leaves, so no byte past a recorded position is ever read.
+            if os.fstat(fd).st_size > self.state.write.byte:
+                os.ftruncate(fd, self.state.write.byte)
+            self._write_fd = fd
         return self._write_fd
 
     def _reader(self) -> int:
@@ -118,7 +134,14 @@ class OpenQueue:
             self._read_file = self.state.read.file
         return self._read_fd
 
+    def _write_unwritten(self) -> None:
+        if self._unwritten:
+            os.pwrite(self._write_fd, b"".join(self._unwritten), self._unwritten_at)
+            self._unwritten.clear()
+            self._unwritten_bytes = 0
+
     def close_files(self) -> None:
+        self._write_unwritten()
         for fd in (self._write_fd, self._read_fd):
             if fd >= 0:
                 os.close(fd)
@@ -135,6 +158,7 @@ class OpenQueue:
         """The head message, read once and cached; None when the queue is empty."""
         if self.head is not None:
             return self.head[0]
+        self._write_unwritten()
         while self.state.size > 0:
             read = self.state.read
             if read.file != self.state.write.file and read.byte >= self._read_file_size():
@@ -152,6 +176,7 @@ class OpenQueue:
 
     def messages(self) -> list[Message]:
         """Every message from the head on, read-only (for checks and tests)."""
+        self._write_unwritten()
         out: list[Message] = []
         state = self.state
         files = (
@@ -247,7 +272,12 @@ class OpenQueue:
         if not self.on_disk or file_id != write.file or self._write_fd < 0:
             self._apply_write(message, file_id, data)
         else:
-            os.pwrite(self._write_fd, data, write.byte)
+            if not self._unwritten:
+                self._unwritten_at = write.byte
+            self._unwritten.append(data)
+            self._unwritten_bytes += len(data)
+            if self._unwritten_bytes >= UNWRITTEN_LIMIT:
+                self._write_unwritten()
             state.write = Pos(file_id, write.msg + 1, write.byte + len(data))
             state.size += 1
             if message.quota:
@@ -255,11 +285,13 @@ class OpenQueue:
         state.lsn = lsn
 
     def _apply_write(self, message: Message, file_id: str, data: bytes) -> None:
+        self._write_unwritten()
         self._ensure_folder()
         state = self.state
         write = state.write
         if file_id != write.file:
             if self._write_fd >= 0:
+                os.ftruncate(self._write_fd, write.byte)  # it is read to its end from now on
                 os.close(self._write_fd)
                 self._write_fd = -1
             write = Pos(file_id, 0, 0)
@@ -309,6 +341,7 @@ class OpenQueue:
         """Append the state line if it changed; True if something was written."""
         if not self.on_disk or self.written_lsn == self.state.lsn:
             return False
+        self._write_unwritten()  # the line counts those bytes: they must be in the file first
         if self.state_lines + 1 > settings.state_compact_lines:
             self.compact(settings)
             return True
@@ -338,6 +371,8 @@ class OpenQueue:
     def remove(self) -> None:
         """Remove the queue's folder. The fragment folders above it stay: they are shared, cost
         no file, and removing them would cost four rmdirs per emptied queue."""
+        self._unwritten.clear()
+        self._unwritten_bytes = 0
         self.close_files()
         shutil.rmtree(self.folder, ignore_errors=True)
         self.on_disk = False
@@ -355,7 +390,21 @@ def _prune_backups(folder: Path, settings: JournalSettings) -> None:
             pass
 
 
-def _read_state_file(queue_id: str, folder: Path) -> tuple[QueueState | None, int]:
+def span_bytes(folder: Path, state: QueueState) -> int:
+    """Bytes of the message records between the read and the write position (a queue has at
+    most two message files: the quota is below the rotation size)."""
+    if state.size == 0:
+        return 0
+    if state.read.file == state.write.file:
+        return state.write.byte - state.read.byte
+    try:
+        read_size = os.path.getsize(message_file(folder, state.read.file))
+    except OSError:
+        read_size = state.read.byte
+    return read_size - state.read.byte + state.write.byte
+
+
+def read_state_file(queue_id: str, folder: Path) -> tuple[QueueState | None, int]:
     """The last valid line of queue.log and the number of lines; (None, 0) if there is none."""
     try:
         data = (folder / STATE_FILE).read_bytes()

@@ -12,11 +12,14 @@ Formats (version 1):
 - state line: `v1 read=<file>,<msg>,<byte> write=<file>,<msg>,<byte> size=<n> can_write=T|F
   status=active|suspended lsn=<n> crc=<8 hex>` plus newline, crc over the text before ` crc=`;
 - log record: `u32 length | u32 crc | u8 version | u8 op | u64 lsn | u8 id length | queue id |
-  op fields`, crc over everything after it.
+  op fields`, crc over everything after it. MARK records (op 5) carry a mark's key in the queue
+  id field and its value as the op field; a CHECKPOINT may carry every mark as a JSON object
+  (both added within version 1: logs written before have neither, and read as no marks).
 """
 
 from __future__ import annotations
 
+import json
 import re
 import struct
 import zlib
@@ -162,7 +165,9 @@ class Op(IntEnum):
     ACK = 2  # fields: 24-byte msg id | u8 expired
     SUSPEND = 3  # no fields
     DROP = 4  # no fields: the queue folder is removed (delete, or empty and closed)
-    CHECKPOINT = 9  # queue id empty; every queue's state on disk covers the lsns before it
+    MARK = 5  # queue id field = the mark's key; fields: the value, UTF-8
+    CHECKPOINT = 9  # queue id empty; every queue's state on disk covers the lsns before it;
+    # fields: every mark as a JSON object, or nothing
 
 
 _LOG_FRAME = struct.Struct(">II")
@@ -179,6 +184,8 @@ class LogRecord(NamedTuple):
     expired: bool = False
     message_bytes: bytes = b""
     """`encode_message(message)`, computed once by the writer and reused when applying."""
+    marks: dict[str, str] | None = None
+    """MARK: `{key: value}` of the one mark; CHECKPOINT: every mark."""
 
 
 def encode_log(record: LogRecord) -> bytes:
@@ -191,6 +198,11 @@ def encode_log(record: LogRecord) -> bytes:
         payload = b"".join((payload, bytes((len(file),)), file, data))
     elif record.op == Op.ACK:
         payload += record.msg_id + bytes((record.expired,))
+    elif record.op == Op.MARK:
+        assert record.marks is not None
+        payload += record.marks[record.queue].encode()
+    elif record.op == Op.CHECKPOINT and record.marks:
+        payload += json.dumps(record.marks, separators=(",", ":"), sort_keys=True).encode()
     return _LOG_FRAME.pack(len(payload), zlib.crc32(payload)) + payload
 
 
@@ -247,4 +259,17 @@ def decode_log(data: bytes | memoryview, offset: int) -> tuple[LogRecord, int]:
             msg_id=payload[at : at + MSG_ID_BYTES],
             expired=bool(payload[at + MSG_ID_BYTES]),
         ), end
+    if op is Op.MARK:
+        try:
+            return LogRecord(op, lsn, queue, marks={queue: payload[at:].decode()}), end
+        except UnicodeDecodeError:
+            raise RecordError("mark value is not UTF-8") from None
+    if op is Op.CHECKPOINT and at < len(payload):
+        try:
+            marks = json.loads(payload[at:])
+        except ValueError:
+            raise RecordError("checkpoint marks are not JSON") from None
+        if not isinstance(marks, dict) or not all(isinstance(v, str) for v in marks.values()):
+            raise RecordError("checkpoint marks are not an object of strings")
+        return LogRecord(op, lsn, queue, marks=marks), end
     return LogRecord(op, lsn, queue), end

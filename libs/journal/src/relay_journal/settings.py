@@ -20,7 +20,9 @@ class JournalSettings:
     max_file_messages: int = 256  # messages per message file before rotation (> the quota)
     max_open_queues: int = 10_000  # queues with state in memory; idle ones beyond are closed
     fsync: FsyncPolicy = FsyncPolicy.ALWAYS
-    batch_interval_ms: int = 10  # with FsyncPolicy.BATCH
+    batch_interval_ms: int = 10
+    """With FsyncPolicy.BATCH: `AsyncJournal` fsyncs in the background at this interval; the
+    synchronous `QueueJournal` fsyncs in the first change that finds the last fsync this old."""
     wal_segment_bytes: int = 64 * 1024 * 1024  # 64 MiB; a checkpoint follows each full segment
     state_compact_lines: int = 16  # queue.log lines before it is compacted to one
     state_backups_keep: int = 3  # newest queue.<ts>.log backups always kept

@@ -8,9 +8,10 @@ Invariant: a line either decodes to exactly what was encoded or raises `LineErro
 
 from __future__ import annotations
 
-import json
 import zlib
 from typing import Any, NamedTuple
+
+import orjson
 
 VERSIONS = frozenset({1})
 KINDS = frozenset({"new", "status", "delete", "offsets"})
@@ -39,8 +40,11 @@ class Line(NamedTuple):
 
 
 def encode(kind: str, data: dict[str, Any]) -> bytes:
-    text = f"v1 {kind} {json.dumps(data, separators=(',', ':'), sort_keys=True)}"
-    return f"{text} {zlib.crc32(text.encode()):08x}\n".encode()
+    # orjson: compact and sorted, byte for byte what json.dumps(separators=(",", ":"),
+    # sort_keys=True) gave for these ASCII records, and several times faster to read back
+    # (restore decodes every record of the dump).
+    body = b"v1 " + kind.encode() + b" " + orjson.dumps(data, option=orjson.OPT_SORT_KEYS)
+    return body + f" {zlib.crc32(body):08x}\n".encode()
 
 
 def decode(raw: bytes) -> Line:
@@ -49,17 +53,20 @@ def decode(raw: bytes) -> Line:
     body, _, crc = raw[:-1].rpartition(b" ")
     if len(crc) != 8 or f"{zlib.crc32(body):08x}".encode() != crc:
         raise LineError("checksum mismatch")
+    parts = body.split(b" ", 2)
+    if len(parts) != 3:
+        raise LineError("malformed record")
     try:
-        version, kind, payload = body.decode().split(" ", 2)
-    except (UnicodeDecodeError, ValueError):
+        version, kind = parts[0].decode(), parts[1].decode()
+    except UnicodeDecodeError:
         raise LineError("malformed record") from None
     if not version.startswith("v") or not version[1:].isdigit() or int(version[1:]) not in VERSIONS:
         raise LineError(f"unknown record version {version!r}")
     if kind not in KINDS:
         raise LineError(f"unknown record kind {kind!r}")
     try:
-        data = json.loads(payload)
-    except ValueError:
+        data = orjson.loads(parts[2])
+    except orjson.JSONDecodeError:
         raise LineError("malformed record data") from None
     if not isinstance(data, dict):
         raise LineError("malformed record data")

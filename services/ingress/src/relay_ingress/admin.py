@@ -138,3 +138,43 @@ async def dump(
     if wait:
         response.status_code = 200
     return DumpReport(dump=writers[0].dump, writers=writers)
+
+
+class WriterStats(BaseModel):
+    instance: str
+    partitions: list[int]
+    queues: int
+    """Queue records in the store log."""
+    messages: int
+    """Messages waiting in the queues (quota markers included)."""
+    bytes: int
+    """Bytes of those messages' records in the message files."""
+    open_queues: int
+    """Queues with state in memory now."""
+
+
+class QueueStats(BaseModel):
+    writers: list[WriterStats]
+    total: dict[str, int]
+    """`queues`, `messages`, `bytes`, `open_queues` summed over every queue-writer."""
+
+
+@router.get("/queues/stats", response_model=QueueStats)
+async def queue_stats(
+    ctx: Ctx,
+    _: Admin,
+    timeout_s: Annotated[float | None, Query(ge=1, le=600)] = None,
+) -> QueueStats:
+    """Queues, messages, bytes and open queues, per queue-writer."""
+    replies = await asking.every_queue_writer(
+        ctx,
+        lambda routing: schemas.AdminRequest(**routing, op="stats"),
+        timeout_s or ctx.config.admin_timeout_s,
+    )
+    writers = [
+        WriterStats(instance=instance, partitions=partitions, **result)
+        for instance, partitions, result in _by_writer(replies)
+    ]
+    keys = ("queues", "messages", "bytes", "open_queues")
+    total = {key: sum(getattr(writer, key) for writer in writers) for key in keys}
+    return QueueStats(writers=writers, total=total)

@@ -26,8 +26,9 @@ class Context:
     connections: Connections
 
 
-def _context(connection: HTTPConnection) -> Context:
-    """For HTTP and WebSocket routes alike."""
+async def _context(connection: HTTPConnection) -> Context:
+    """For HTTP and WebSocket routes alike. `async`: FastAPI runs a plain `def` dependency in
+    its thread pool, a thread hop on every request."""
     context = connection.app.state.context
     assert isinstance(context, Context)
     return context

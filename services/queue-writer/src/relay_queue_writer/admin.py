@@ -1,4 +1,4 @@
-"""Admin requests at the queue-writer: store-log dumps (and queue stats) on demand.
+"""Admin requests at the queue-writer: store-log dumps and queue stats on demand.
 
 Invariants:
 - the ingress sends one copy of a request to every command partition; this instance runs the
@@ -6,7 +6,8 @@ Invariants:
   knows every owner has answered;
 - the command consumer never waits for an operation: answers are sent by background tasks, and
   a request past its deadline is dropped (its asker has already given up);
-- a dump triggered while one runs reports the running one (`StoreLog.dump`).
+- a dump triggered while one runs reports the running one (`StoreLog.dump`);
+- stats walk the queues on disk in slices, letting commands run in between.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from relay_queue_writer.stores import Stores
 
 log = structlog.get_logger(__name__)
 
+STATS_SLICE = 256
+"""Queues counted between two yields to the event loop."""
 REMEMBERED = 64
 """Request ids whose operation is kept for partitions that ask later."""
 
@@ -52,7 +55,26 @@ class AdminRequests:
     async def _run(self, request: schemas.AdminRequest) -> dict[str, Any]:
         if request.op == "dump":
             return await self._dump(request.wait)
+        if request.op == "stats":
+            return await self._stats()
         raise ValueError(f"unknown admin operation {request.op!r}")
+
+    async def _stats(self) -> dict[str, Any]:
+        journal, store = self.stores.journal, self.stores.store
+        assert journal is not None
+        assert store is not None
+        messages = size = 0
+        for n, (_, count, span) in enumerate(journal.journal.stats(), 1):
+            messages += count
+            size += span
+            if n % STATS_SLICE == 0:
+                await asyncio.sleep(0)
+        return {
+            "queues": len(store.store.queues),
+            "messages": messages,
+            "bytes": size,
+            "open_queues": journal.journal.open_queues,
+        }
 
     async def _dump(self, wait: bool) -> dict[str, Any]:
         store = self.stores.store

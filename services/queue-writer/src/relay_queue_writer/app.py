@@ -59,7 +59,13 @@ def build(config: QueueWriterSettings) -> tuple[FastAPI, BusLifecycle]:
         else:
             await forward(received)
 
-    bus.consumer(topics.QUEUE_COMMANDS, handle, group_id=GROUP, partitions=owned)
+    bus.consumer(
+        topics.QUEUE_COMMANDS,
+        handle,
+        group_id=GROUP,
+        partitions=owned,
+        start_offsets=commands.start_offsets,
+    )
 
     async def open_data_dir() -> None:
         ownership.claim_data_dir(config.data.dir, SERVICE, ordinal, replicas)

@@ -6,6 +6,10 @@ Invariants:
   the handler returns as soon as a command is applied (the outbox waits for durability), so
   one fsync round covers every command applied meanwhile;
 - a command past its deadline is dropped unapplied: its asker has already answered 503;
+- idempotence (BRIEF §4): before a command is applied, its position (`<broker epoch>:<next
+  offset>`) is marked in the journal's log, in order with the changes, so no change is durable
+  without it; after a restart each partition is read from its mark, and a record before the
+  mark (consumed twice) is skipped. A broker that lost its log (a new epoch) is read from 0;
 - malformed fields get BAD_REQUEST and change nothing (the ingress validates first; this is the
   second line).
 """
@@ -51,6 +55,8 @@ class Commands:
         self.partitions = partitions
         self.expire_interval_s = expire_interval_s
         self._rules: QueueRules | None = None
+        self._next: dict[int, int] = {}
+        """Partition → the offset after the last command applied (for `bus.epoch`)."""
         self._outbox: Outbox | None = None
         self._sweeper: asyncio.Task[None] | None = None
 
@@ -117,7 +123,34 @@ class Commands:
                 outcome = rules.subscribe(queue, signed, subscriber, now)
         return outcome
 
+    def _mark_key(self, partition: int) -> str:
+        return f"p{partition}"
+
+    async def start_offsets(self, partitions: list[int]) -> dict[int, int]:
+        """Where to read each partition: after its last applied command, or from 0 when the
+        broker's log is not the one the marks are for."""
+        marks = self.rules.journal.marks
+        offsets = {}
+        for partition in partitions:
+            epoch, _, offset = marks.get(self._mark_key(partition), "").partition(":")
+            offsets[partition] = int(offset) if epoch == self.bus.epoch and offset else 0
+            self._next[partition] = offsets[partition]
+        log.info("commands_resumed", epoch=self.bus.epoch, offsets=offsets)
+        return offsets
+
+    def _first_time(self, received: Received) -> bool:
+        """Mark the record as applied; False if it already was (consumed twice)."""
+        if received.offset < self._next.get(received.partition, 0):
+            return False
+        self._next[received.partition] = received.offset + 1
+        self.rules.journal.mark(
+            self._mark_key(received.partition), f"{self.bus.epoch}:{received.offset + 1}"
+        )
+        return True
+
     async def handle(self, received: Received) -> None:
+        if not self._first_time(received):
+            return
         record = received.record
         if isinstance(record, schemas.QueueResync):
             outcome = self.rules.resync(

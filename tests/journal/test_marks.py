@@ -1,0 +1,80 @@
+"""Marks: a caller's position in its source, logged in order with the changes (what the
+queue-writer uses so that a command consumed twice has no second effect)."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from relay_journal import records
+from relay_journal.journal import QueueJournal
+from tests.helpers import ROOT
+from tests.journal import mark_child
+from tests.journal.conftest import mid, qid, small
+
+
+def test_mark_records_round_trip() -> None:
+    mark = records.LogRecord(records.Op.MARK, 7, "p3", marks={"p3": "epoch:1200"})
+    assert records.decode_log(records.encode_log(mark), 0)[0] == mark
+    checkpoint = records.LogRecord(records.Op.CHECKPOINT, 9, "", marks={"p0": "e:1", "p1": "e:2"})
+    assert records.decode_log(records.encode_log(checkpoint), 0)[0] == checkpoint
+    bare = records.LogRecord(records.Op.CHECKPOINT, 9, "")  # as v1 files before marks
+    assert records.decode_log(records.encode_log(bare), 0)[0].marks is None
+
+
+def test_marks_survive_checkpoints_and_reopen(tmp_path: Path) -> None:
+    journal = QueueJournal(small(tmp_path, wal_segment_bytes=2048))
+    queue = qid()
+    for n in range(200):
+        journal.mark(f"p{n % 3}", f"e:{n}")
+        journal.write(queue, mid(n), b"m" * 40, ts_ms=n)
+        journal.ack(queue, mid(n))
+    assert journal.marks == {"p0": "e:198", "p1": "e:199", "p2": "e:197"}
+    journal.close()
+    again = QueueJournal(small(tmp_path))
+    assert again.marks == {"p0": "e:198", "p1": "e:199", "p2": "e:197"}
+    again.mark("p0", "f:0")  # a new value replaces the old; others stay
+    del again  # abandoned, not closed: under `always` the mark is durable
+    third = QueueJournal(small(tmp_path))
+    assert third.marks == {"p0": "f:0", "p1": "e:199", "p2": "e:197"}
+    third.close()
+
+
+def test_bad_mark_keys_are_refused(tmp_path: Path) -> None:
+    journal = QueueJournal(small(tmp_path))
+    for key in ["", "k" * 256]:
+        with pytest.raises(ValueError, match="mark keys"):
+            journal.mark(key, "v")
+    assert journal.marks == {}
+    journal.close()
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_a_change_is_never_durable_without_its_mark(tmp_path: Path, seed: int) -> None:
+    """SIGKILL at random moments: every message that survived was marked, so a caller that
+    resumes after its mark never applies a message twice; and the marks never run ahead of the
+    messages by more than the one about to be written."""
+    rng = random.Random(seed)
+    for _ in range(10):
+        child = subprocess.Popen(
+            [sys.executable, "-m", "tests.journal.mark_child", str(tmp_path)],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert child.stdout is not None
+        assert child.stdout.readline() == "writing\n"
+        time.sleep(rng.uniform(0.01, 0.3))
+        child.kill()
+        child.wait()
+        journal = QueueJournal(mark_child.settings(tmp_path))
+        marked = int(journal.marks.get("p0", "0"))
+        present = [int.from_bytes(m.msg_id, "big") for m in journal.messages(mark_child.QUEUE)]
+        assert present == list(range(1, len(present) + 1))  # in order, none twice
+        assert present[-1] <= marked <= present[-1] + 1
+        journal.close()
