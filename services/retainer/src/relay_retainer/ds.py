@@ -37,7 +37,12 @@ from relay_streams.model import MAX_TS, Message
 log = structlog.get_logger(__name__)
 
 REMEMBERED = 4096
-"""Request ids whose outcome is kept for records read again (and partitions that ask later)."""
+"""Writes and replica changes whose outcome is kept, so that a record read again (consumer
+retry, broker log loss) is answered without being applied twice. Their outcomes are small."""
+READS_REMEMBERED = 64
+"""Reads whose outcome is kept for the partitions that ask later. Few: a read's outcome may be
+hundreds of KiB, and running a read again is harmless."""
+READS = frozenset({"streams", "iterator", "next", "describe"})
 STREAMS_PER_PART = 1000
 """Streams per reply record (a stream entry is ~100 bytes: well under Kafka's 1 MiB)."""
 EVERY_PARTITION = frozenset({"streams", "describe", "set_replicas", "join", "leave", "forget"})
@@ -81,18 +86,22 @@ class DsRequests:
         self.owned = list(owned)
         self.partitions = partitions
         self._runs: OrderedDict[str, asyncio.Task[Outcome]] = OrderedDict()
+        self._reads: OrderedDict[str, asyncio.Task[Outcome]] = OrderedDict()
         self._replies: set[asyncio.Task[None]] = set()
         self._admin = asyncio.Lock()
 
     async def handle(self, received: Received, request: schemas.DsRequest) -> None:
         if request.expired():
             return
-        run = self._runs.get(request.id)
+        runs, limit = (
+            (self._reads, READS_REMEMBERED) if request.op in READS else (self._runs, REMEMBERED)
+        )
+        run = runs.get(request.id)
         if run is None:
             run = asyncio.create_task(self._run(request, received.partition), name="ds")
-            self._runs[request.id] = run
-            while len(self._runs) > REMEMBERED:
-                self._runs.popitem(last=False)
+            runs[request.id] = run
+            while len(runs) > limit:
+                runs.popitem(last=False)
         reply = asyncio.create_task(self._answer(request, received.partition, run))
         self._replies.add(reply)
         reply.add_done_callback(self._replies.discard)
@@ -226,7 +235,7 @@ class DsRequests:
     async def drain(self, budget_s: float = 2.0) -> None:
         """Let running operations finish and send their answers (within `budget_s`), then
         cancel what is left; called once the consumer has stopped."""
-        pending = [*self._runs.values(), *self._replies]
+        pending = [*self._runs.values(), *self._reads.values(), *self._replies]
         if pending:
             _, late = await asyncio.wait(pending, timeout=budget_s)
             for task in late:
