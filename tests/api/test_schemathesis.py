@@ -5,6 +5,7 @@ sign for."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -15,6 +16,16 @@ from tests import helpers
 from tests.api.client import Recipient
 
 pytestmark = pytest.mark.suite
+
+positive_acceptance = schemathesis.checks.positive_data_acceptance
+REFUSES_VALID_SHAPES = {
+    "POST /v1/ds/{db}/iterators",
+    "GET /v1/ds/{db}/next",
+    "PUT /ds/sites/{site}/forget",
+    "PUT /ds/storages/{ds}/replicas",
+    "PUT /ds/storages/{ds}/replicas/{site}",
+    "DELETE /ds/storages/{ds}/replicas/{site}",
+}
 
 
 @pytest.fixture(scope="module")
@@ -43,20 +54,32 @@ def test_no_input_gets_a_server_error(
         "POST /v1/queues/{recipient_id}/suspend",
         "DELETE /v1/queues/{recipient_id}",
         "POST /admin/dump",
+        "POST /v1/ds/{db}/messages",
+        "GET /v1/ds/{db}/streams",
+        "POST /v1/ds/{db}/iterators",
+        "GET /v1/ds/{db}/next",
+        "GET /ds/sites",
+        "PUT /ds/storages/{ds}/replicas",
     } <= {operation.label for operation in operations}
     for operation in operations:
+        # A schema cannot say which opaque stream strings or site ids exist: API.md answers
+        # 400 for damaged ones and for unknown sites, so schema-valid input may be refused.
+        excluded = [] if operation.label not in REFUSES_VALID_SHAPES else [positive_acceptance]
+        _fuzz(operation, headers, excluded)
 
-        @given(case=operation.as_strategy())
-        @settings(
-            max_examples=40,
-            deadline=None,
-            database=None,
-            suppress_health_check=list(HealthCheck),
-        )
-        def check(case: schemathesis.Case) -> None:
-            case.call_and_validate(headers=headers)
 
-        check()
+def _fuzz(operation: Any, headers: dict[str, str], excluded: list[Any]) -> None:
+    @given(case=operation.as_strategy())
+    @settings(
+        max_examples=40,
+        deadline=None,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
+    def check(case: schemathesis.Case) -> None:
+        case.call_and_validate(headers=headers, excluded_checks=excluded)
+
+    check()
 
 
 def test_fuzzing_changed_no_queue(

@@ -40,6 +40,31 @@ def reopen(store: StreamStore) -> StreamStore:
 # -- replay and iterators ----------------------------------------------------------------------
 
 
+def test_next_with_max_bytes_stops_early_and_resumes_exactly(store: StreamStore) -> None:
+    """`max_bytes` bounds an answer (the retainer's reply must fit a Kafka record); the
+    iterator continues right after the last message returned, also past skipped topics."""
+    db = store.open_db("m", DbSettings(shards=1, layout="reference/1"))
+    batch = [Message("a/x" if i % 3 else "a/y", b"p" * 100, 1_000 + i) for i in range(30)]
+    db.store_batch(batch)
+    db.add_generation()
+    ranked = db.get_streams("a/x")[0]  # generation 1, closed: its end is reached
+    iterator = db.make_iterator(ranked.stream, "a/x")
+    got: list[Message] = []
+    while True:
+        result = db.next(iterator, 1_000, max_bytes=350)
+        assert 1 <= len(result.messages) <= 4 or result.end_of_stream
+        got += result.messages
+        iterator = result.iterator
+        if result.end_of_stream:
+            break
+    assert got == [m for m in batch if m.topic == "a/x"]
+    one = db.next(db.make_iterator(ranked.stream, "a/x"), 10, max_bytes=1)
+    assert len(one.messages) == 1
+    assert not one.end_of_stream
+    with pytest.raises(BadInput, match="max_bytes"):
+        db.next(iterator, 1, max_bytes=0)
+
+
 def test_replay_returns_matching_messages_in_time_order(store: StreamStore) -> None:
     db = store.open_db("m", DbSettings(shards=3))
     batch = [Message(f"dev/{i % 7}/temp", b"%d" % i, 5_000 - i) for i in range(200)]

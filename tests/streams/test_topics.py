@@ -110,3 +110,25 @@ level = st.sampled_from(["a", "b", "", "$x", "c$"])
 )
 def test_matching_agrees_with_a_regular_expression(topic: str, topic_filter: str) -> None:
     assert topic_matches(topic_filter, topic) == _reference(topic_filter, topic)
+
+
+def _parses(parse: object, text: str) -> bool:
+    try:
+        parse(text)  # type: ignore[operator]
+    except TopicError:
+        return False
+    return True
+
+
+_levels = st.lists(st.sampled_from(["a", "", "+", "#", "a+", "#b", "$x", "\x00", "é"]), max_size=5)
+
+
+@given(_levels.map("/".join))
+def test_the_patterns_say_what_the_parsers_say(text: str) -> None:
+    """`TOPIC_PATTERN` and `FILTER_PATTERN` (for API schemas) agree with the parsers on
+    non-empty text."""
+    if text:
+        topic_ok = re.fullmatch(topics.TOPIC_PATTERN, text) is not None
+        filter_ok = re.fullmatch(topics.FILTER_PATTERN, text) is not None
+        assert topic_ok == _parses(topics.parse_topic, text)
+        assert filter_ok == _parses(topics.parse_filter, text)

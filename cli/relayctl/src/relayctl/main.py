@@ -1,20 +1,21 @@
-"""The `relayctl` command line (typer): `up`, `status`, `ping`, `dump`, `journal ...`."""
+"""The `relayctl` command line (typer): `up`, `status`, `ping`, `dump`, `journal ...`, `ds ...`."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import httpx
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from relayctl import journal_commands, processes, state, suite
+from relayctl import calls, ds_commands, journal_commands, processes, state, suite
 
 app = typer.Typer(help="Run and inspect a Relay suite.", no_args_is_help=True, add_completion=False)
 console = Console()
 app.add_typer(journal_commands.app, name="journal")
+app.add_typer(ds_commands.app, name="ds")
 queue_app = typer.Typer(help="Queues of the running suite.", no_args_is_help=True)
 app.add_typer(queue_app, name="queue")
 
@@ -63,18 +64,10 @@ def up(
     raise typer.Exit(suite.Suite(options).run())
 
 
-def _running(data_dir: Path) -> state.SuiteState:
-    running = state.read_state(data_dir)
-    if running is None or not processes.pid_alive(running.pid):
-        typer.echo(f"relayctl: no suite is running from {data_dir}", err=True)
-        raise typer.Exit(1)
-    return running
-
-
 @app.command()
 def status(data_dir: DataDir = Path("./var")) -> None:
     """Probe every process of the running suite; exit 0 only if all are ready."""
-    running = _running(data_dir)
+    running = calls.running(data_dir)
     table = Table("process", "pid", "port", "state", "detail")
     all_ready = True
     with httpx.Client(timeout=2.0) as http:
@@ -103,38 +96,10 @@ def status(data_dir: DataDir = Path("./var")) -> None:
     raise typer.Exit(0 if all_ready else 1)
 
 
-def _admin(
-    data_dir: Path,
-    method: str,
-    path: str,
-    what: str,
-    timeout_s: float,
-    params: dict[str, str] | None = None,
-) -> dict[str, Any]:
-    """Call an admin endpoint of the running suite; exit 1 naming `what` failed otherwise."""
-    running = _running(data_dir)
-    try:
-        response = httpx.request(
-            method,
-            f"{running.ingress_url}{path}",
-            params=params,
-            headers={"Authorization": f"Bearer {state.admin_token(data_dir)}"},
-            timeout=timeout_s,
-        )
-    except httpx.HTTPError as error:
-        typer.echo(f"relayctl: {what} failed: {error}", err=True)
-        raise typer.Exit(1) from None
-    if not response.is_success:
-        typer.echo(f"relayctl: {what} failed: {response.status_code} {response.text}", err=True)
-        raise typer.Exit(1)
-    body: dict[str, Any] = response.json()
-    return body
-
-
 @app.command()
 def ping(data_dir: DataDir = Path("./var")) -> None:
     """Send an admin ping through every service and print each hop's latency."""
-    report = _admin(data_dir, "GET", "/admin/ping", "ping", 20)
+    report = calls.admin(data_dir, "GET", "/admin/ping", "ping", 20)
     table = Table("hop to", "instance", "latency ms", "in service ms")
     for hop in report["hops"]:
         table.add_row(
@@ -157,7 +122,7 @@ def dump(
 ) -> None:
     """Start a store-log dump on every queue-writer (or report the one running)."""
     params = {"timeout_s": str(timeout)} | ({"wait": "true"} if wait else {})
-    report = _admin(data_dir, "POST", "/admin/dump", "dump", timeout + 5, params)
+    report = calls.admin(data_dir, "POST", "/admin/dump", "dump", timeout + 5, params)
     columns = ["queue-writer", "partitions", "dump"]
     if wait:
         columns += ["records", "bytes", "pause ms", "total s"]
@@ -179,7 +144,7 @@ def dump(
 @queue_app.command("stats")
 def queue_stats(data_dir: DataDir = Path("./var")) -> None:
     """Queues, messages, bytes and open queues, per queue-writer."""
-    report = _admin(data_dir, "GET", "/admin/queues/stats", "queue stats", 60)
+    report = calls.admin(data_dir, "GET", "/admin/queues/stats", "queue stats", 60)
     table = Table("queue-writer", "partitions", "queues", "messages", "bytes", "open queues")
     rows = [*report["writers"], {"instance": "total", "partitions": [], **report["total"]}]
     for row in rows:

@@ -188,6 +188,75 @@ class InboxClaim(_Record):
     instance: str
 
 
+class DsMessage(_Record):
+    """One message of a durable-stream write or read (API.md, Durable streams)."""
+
+    topic: str
+    payload: str
+    """b64u."""
+    ts: int | None = None
+    """Unix ms; on a write, None lets the store's clock stamp it."""
+
+
+class DsRequest(_Request):
+    """A durable-stream request for the retainer owning a partition of `relay.publications`
+    (`relay_bus.routing`). `store`, `iterator` and `next` go to one partition; `streams`,
+    `describe` and the replica and site changes go to every partition, and each retainer runs
+    them once per `id`, answering once per partition it owns (with data on its lowest one)."""
+
+    kind: Literal["ds_request"] = "ds_request"
+    v: Literal[1] = 1
+    op: Literal[
+        "store",
+        "streams",
+        "iterator",
+        "next",
+        "describe",
+        "set_replicas",
+        "join",
+        "leave",
+        "forget",
+    ]
+    db: str = ""
+    messages: tuple[DsMessage, ...] = ()
+    """`store`: every message's topic belongs to the partition the request was sent to."""
+    filter: str = ""
+    start: int = Field(0, ge=0)
+    """Unix ms: `streams` and `iterator` consider messages with ts >= start."""
+    stream: str = ""
+    """`iterator`: the store's opaque stream string (without the partition address)."""
+    iterator: str = ""
+    """`next`: the store's opaque iterator string (without the partition address)."""
+    n: int = Field(0, ge=0)
+    """`next`: at most this many messages."""
+    sites: tuple[str, ...] = ()
+    """`set_replicas`: the new replica set."""
+    site: str = ""
+    """`join`, `leave`, `forget`."""
+    peers: dict[str, str] = Field(default_factory=dict)
+    """Replica changes: every site known to some retainer (site -> node), registered by each
+    retainer that does not know it yet, so that every retainer accepts the same replica set."""
+
+
+class DsReply(_Record):
+    """A retainer's answer to a `DsRequest` for one partition; a long answer (many streams)
+    comes in `parts` records, numbered by `part`."""
+
+    kind: Literal["ds_reply"] = "ds_reply"
+    v: Literal[1] = 1
+    id: str
+    origin: str
+    partition: int = Field(ge=0)
+    instance: str
+    site: str
+    status: int
+    data: dict[str, Any] | None = None
+    code: str | None = None
+    detail: str = ""
+    part: int = Field(0, ge=0)
+    parts: int = Field(1, ge=1)
+
+
 class Epoch(_Record):
     """The first record of `relay.epoch`: a broker log's identity (see `relay_bus.bus`)."""
 
@@ -209,9 +278,11 @@ Record = (
     | Marker
     | InboxClaim
     | Epoch
+    | DsRequest
+    | DsReply
 )
 """Every record kind; `Reply` the ones an ingress instance waits for."""
-Reply = Ping | AdminReply | QueueReply
+Reply = Ping | AdminReply | QueueReply | DsReply
 _ADAPTER: TypeAdapter[Record] = TypeAdapter(Annotated[Record, Field(discriminator="kind")])
 _KNOWN_VERSIONS: dict[str, frozenset[int]] = {
     "ping": frozenset({1}),
@@ -225,6 +296,8 @@ _KNOWN_VERSIONS: dict[str, frozenset[int]] = {
     "marker": frozenset({1}),
     "inbox_claim": frozenset({1}),
     "epoch": frozenset({1}),
+    "ds_request": frozenset({1}),
+    "ds_reply": frozenset({1}),
 }
 
 ALLOWED_TOPICS: dict[str, frozenset[str]] = {
@@ -247,6 +320,8 @@ ALLOWED_TOPICS: dict[str, frozenset[str]] = {
     "marker": frozenset({topics.QUEUE_EVENTS}),
     "inbox_claim": frozenset({topics.INGRESS_INBOX}),
     "epoch": frozenset({topics.EPOCH}),
+    "ds_request": frozenset({topics.PUBLICATIONS}),
+    "ds_reply": frozenset({topics.INGRESS_INBOX}),
 }
 
 

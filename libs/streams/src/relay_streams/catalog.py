@@ -21,7 +21,9 @@ from relay_streams.errors import BadInput, CorruptRecord
 from relay_streams.model import GenerationId
 from relay_streams.settings import DbSettings
 
-_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+"""A database name (also the ingress's path pattern)."""
+_NAME = re.compile(NAME_PATTERN)
 
 
 def parse_name(name: object) -> str:

@@ -317,9 +317,14 @@ class Database:
                 raise BadToken(f"{generation.where} has no stream {stream.static}")
         return StreamIterator(stream, topic_filter, start, None)
 
-    def next(self, iterator: StreamIterator | str, n: int) -> NextResult:
+    def next(
+        self, iterator: StreamIterator | str, n: int, max_bytes: int | None = None
+    ) -> NextResult:
         """Up to `n` messages after the iterator's position, the iterator to continue from,
-        and whether the stream has ended (see `NextResult`)."""
+        and whether the stream has ended (see `NextResult`). With `max_bytes`, stop after the
+        message that brings the topics and payloads returned to `max_bytes` or more (at least
+        one message is returned), so an answer fits a bounded transport; the iterator then
+        continues right after the last message returned."""
         self._alive()
         if isinstance(iterator, str):
             iterator = StreamIterator.from_token(iterator)
@@ -338,12 +343,22 @@ class Database:
                 raise BadToken(f"database {self.name!r} has no generation {stream.generation}")
             closed = spec.until is not None  # read before the data: no writes after closing
             layout = self.shards[stream.shard].generations[stream.generation].layout
+        if max_bytes is not None and (
+            not isinstance(max_bytes, int) or isinstance(max_bytes, bool) or max_bytes < 1
+        ):
+            raise BadInput(f"max_bytes must be a positive integer, got {max_bytes!r}")
         result = layout.read(StaticIndex(stream.static), flt, iterator.start, iterator.after, n)
-        if result.scanned is not None:
-            iterator = dataclasses.replace(iterator, after=result.scanned)
-        return NextResult(
-            [message for _, message in result.found], iterator, closed and result.exhausted
-        )
+        found, scanned, exhausted = result.found, result.scanned, result.exhausted
+        if max_bytes is not None:
+            size = 0
+            for i, (position, message) in enumerate(found):
+                size += len(message.topic.encode()) + len(message.payload)
+                if size >= max_bytes and i + 1 < len(found):
+                    found, scanned, exhausted = found[: i + 1], position, False
+                    break
+        if scanned is not None:
+            iterator = dataclasses.replace(iterator, after=scanned)
+        return NextResult([message for _, message in found], iterator, closed and exhausted)
 
     # -- generations -----------------------------------------------------------------------
 

@@ -130,8 +130,10 @@ class StreamStore:
     ) -> StreamIterator:
         return self.db(db).make_iterator(stream, topic_filter, start)
 
-    def next(self, db: str, iterator: StreamIterator | str, n: int) -> NextResult:
-        return self.db(db).next(iterator, n)
+    def next(
+        self, db: str, iterator: StreamIterator | str, n: int, max_bytes: int | None = None
+    ) -> NextResult:
+        return self.db(db).next(iterator, n, max_bytes)
 
     def delete(
         self,

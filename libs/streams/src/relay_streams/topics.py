@@ -20,6 +20,11 @@ from __future__ import annotations
 
 MAX_TOPIC_BYTES = 65_535  # MQTT's limit on an encoded topic name or filter
 
+TOPIC_PATTERN = r"^[^+#\x00]+$"
+FILTER_PATTERN = r"^(?:(?:\+|[^/+#\x00]*)/)*(?:\+|#|[^/+#\x00]*)$"
+"""The rules above as regular expressions (for API schemas), apart from the size limit and
+lone surrogates, which a pattern cannot express; `parse_topic` and `parse_filter` decide."""
+
 Levels = tuple[str, ...]
 
 

@@ -13,7 +13,7 @@ from relay_bus import topics
 from relay_bus.bus import Bus
 from relay_bus.config import KafkaSettings
 from relay_bus.lifecycle import BusLifecycle
-from relay_ingress import admin, errors, queues, websocket
+from relay_ingress import admin, ds, ds_admin, errors, queues, websocket
 from relay_ingress.connections import Connections, Limits
 from relay_ingress.context import Context
 from relay_ingress.inbox import Inbox
@@ -47,6 +47,11 @@ class IngressSettings(settings.ServiceSettings):
     """Commands of one connection waiting for the queue-writer at once."""
     max_body_bytes: int = Field(16384, gt=0, le=1 << 20)
     """Largest message body accepted, decoded (TOO_LARGE beyond)."""
+    ds_max_batch_messages: int = Field(1000, ge=1, le=100_000)
+    """Messages one `POST /v1/ds/{db}/messages` may carry (TOO_LARGE beyond)."""
+    ds_max_batch_bytes: int = Field(524_288, ge=1024, le=700_000)  # bytes
+    """Topic and decoded payload bytes one durable-stream batch may carry (TOO_LARGE beyond):
+    each part travels as one Kafka record, base64 included, under the 1 MiB record limit."""
     admin_timeout_s: float = Field(30.0, gt=0, le=600)
     """How long admin requests to every queue-writer (`/admin/dump`) wait for all answers."""
 
@@ -102,6 +107,8 @@ def build(config: IngressSettings) -> tuple[FastAPI, BusLifecycle]:
     app.include_router(queues.router)
     app.include_router(websocket.router)
     app.include_router(admin.router)
+    app.include_router(ds.router)
+    app.include_router(ds_admin.router)
     lifecycle = BusLifecycle(
         bus, config.startup_timeout_s, before_start=(lease_inbox,), after_stop=(close_redis,)
     )

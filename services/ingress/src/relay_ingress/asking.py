@@ -111,3 +111,72 @@ async def command(ctx: Context, partition: int, wait_s: float, **fields: Any) ->
     if reply.code is not None:
         raise ApiError(reply.status, reply.code, reply.detail)
     return reply
+
+
+async def retainer(ctx: Context, partition: int, **fields: Any) -> schemas.DsReply:
+    """Send a durable-stream request to the retainer owning `partition` of
+    `relay.publications` and wait for its answer; a refusal is raised as the API error it
+    names. 503 when no answer comes within the request timeout (the request expires unapplied
+    at the retainer)."""
+    wait_s = ctx.config.request_timeout_s
+    routing = _routing(ctx, wait_s)
+    request = schemas.DsRequest(**routing, **fields)
+    replies = ctx.inbox.expect(request.id)
+    try:
+        await ctx.bus.send(topics.PUBLICATIONS, request, partition=partition)
+        reply = await asyncio.wait_for(replies.get(), wait_s + REPLY_GRACE_S)
+    except TimeoutError:
+        raise ApiError(
+            503,
+            "UNAVAILABLE",
+            f"no answer within {wait_s:g} s from the retainer of partition "
+            f"{partition}; nothing was stored",
+        ) from None
+    finally:
+        ctx.inbox.forget(request.id)
+    assert isinstance(reply, schemas.DsReply)
+    if reply.code is not None:
+        raise ApiError(reply.status, reply.code, reply.detail)
+    return reply
+
+
+async def every_retainer(ctx: Context, **fields: Any) -> list[schemas.DsReply]:
+    """Send one copy of a durable-stream request to every partition of `relay.publications`
+    and wait until each has been answered in full (all its parts) by its owner; returns every
+    reply in (partition, part) order. The first refusal (in partition order) is raised as the
+    API error it names."""
+    wait_s = ctx.config.request_timeout_s
+    routing = _routing(ctx, wait_s)
+    request = schemas.DsRequest(**routing, **fields)
+    partitions = ctx.config.kafka.partitions
+    replies = ctx.inbox.expect(request.id)
+    got: dict[int, dict[int, schemas.DsReply]] = {}
+    complete: set[int] = set()
+    deadline = time.monotonic() + wait_s + REPLY_GRACE_S
+    try:
+        await asyncio.gather(
+            *(ctx.bus.send(topics.PUBLICATIONS, request, partition=p) for p in range(partitions))
+        )
+        while len(complete) < partitions:
+            reply = await asyncio.wait_for(replies.get(), max(0.0, deadline - time.monotonic()))
+            if not isinstance(reply, schemas.DsReply):
+                continue
+            parts = got.setdefault(reply.partition, {})
+            parts[reply.part] = reply
+            if len(parts) >= reply.parts:
+                complete.add(reply.partition)
+    except TimeoutError:
+        missing = sorted(set(range(partitions)) - complete)
+        raise ApiError(
+            503,
+            "UNAVAILABLE",
+            f"no answer within {wait_s:g} s for publication partitions {missing} "
+            "(is every retainer running?)",
+        ) from None
+    finally:
+        ctx.inbox.forget(request.id)
+    ordered = [got[p][part] for p in sorted(got) for part in sorted(got[p])]
+    for reply in ordered:
+        if reply.code is not None:
+            raise ApiError(reply.status, reply.code, reply.detail)
+    return ordered

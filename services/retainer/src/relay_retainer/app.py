@@ -1,7 +1,8 @@
 """Retainer: keeps retained messages and durable streams for the publication partitions it owns
 (instance k of n owns partitions p with p mod n == k).
 
-Wiring only: settings, the bus and its consumers, probe routes. Domain logic lives in libs.
+Wiring only: settings, the bus and its consumers, the stream store's lifecycle, probe routes.
+Request handling lives in `relay_retainer.ds`, the store in `relay_streams`.
 """
 
 from __future__ import annotations
@@ -10,10 +11,13 @@ from pathlib import Path
 
 from fastapi import FastAPI
 
-from relay_bus import ping, topics
+from relay_bus import ping, schemas, topics
 from relay_bus.bus import Bus
 from relay_bus.config import KafkaSettings
+from relay_bus.consumers import Received
 from relay_bus.lifecycle import BusLifecycle
+from relay_retainer.ds import DsRequests
+from relay_retainer.streams import StreamHost, StreamSettings
 from relay_runtime import ownership, settings
 from relay_runtime.probes import probe_routes
 from relay_runtime.readiness import Readiness
@@ -25,6 +29,7 @@ GROUP = "relay.retainer"
 class RetainerSettings(settings.ServiceSettings):
     kafka: KafkaSettings = KafkaSettings()
     data: settings.DataSettings = settings.DataSettings(dir=Path("./var/retainer"))
+    streams: StreamSettings = StreamSettings()
 
 
 def build(config: RetainerSettings) -> tuple[FastAPI, BusLifecycle]:
@@ -34,10 +39,27 @@ def build(config: RetainerSettings) -> tuple[FastAPI, BusLifecycle]:
     ordinal = ownership.resolve_ordinal(config.data)
     replicas = config.data.replicas
     owned = ownership.owned_partitions(config.kafka.partitions, ordinal, replicas)
-    bus.consumer(topics.PUBLICATIONS, forward, group_id=GROUP, partitions=owned)
+    host = StreamHost(config.data.dir / "streams", config.instance, config.streams, readiness)
+    ds = DsRequests(bus, host, config.instance, owned, config.kafka.partitions)
 
-    async def claim_data_dir() -> None:
+    async def handle(received: Received) -> None:
+        if isinstance(received.record, schemas.DsRequest):
+            await ds.handle(received, received.record)
+        else:
+            await forward(received)
+
+    bus.consumer(topics.PUBLICATIONS, handle, group_id=GROUP, partitions=owned)
+
+    async def open_data_dir() -> None:
         ownership.claim_data_dir(config.data.dir, SERVICE, ordinal, replicas)
+        await host.open()
 
     app = FastAPI(title="Relay retainer", routes=probe_routes(readiness))
-    return app, BusLifecycle(bus, config.startup_timeout_s, before_start=(claim_data_dir,))
+    lifecycle = BusLifecycle(
+        bus,
+        config.startup_timeout_s,
+        before_start=(open_data_dir,),
+        drain=(ds.drain, host.stop_writing),
+        after_stop=(host.close,),
+    )
+    return app, lifecycle

@@ -1,0 +1,222 @@
+"""The Durable streams endpoints of API.md: validate, route to the retainer that owns the data
+(`relay_bus.routing`), answer with what it says.
+
+Routing: a topic's messages live with the retainer owning `partition_of_topic(topic)`; a write
+is split by partition, each part sent to its partition, and answered 201 once every part is
+durable. `streams` asks every partition and merges the answers in rank order (each retainer's
+ranks and stream strings already name its lowest partition, so they never collide). Stream and
+iterator strings are `<partition>.<store token>`: `iterators` and `next` go to that partition.
+
+Invariants:
+- nothing reaches Kafka before the request is well-formed: database name, topics, filters,
+  payload base64 and sizes, `n`, `start`, and stream and iterator strings (their partition and
+  the store's own checksum), so a 400 changes nothing;
+- 201 for a write only once every part's retainer answered that its messages are durable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Path, Query
+from pydantic import BaseModel, ConfigDict, Field
+
+from relay_bus import routing
+from relay_ingress import asking
+from relay_ingress.context import Context, Ctx
+from relay_ingress.errors import ApiError, documented
+from relay_queues import ids
+from relay_streams import catalog, topics
+from relay_streams.errors import BadToken
+from relay_streams.model import Stream, StreamIterator
+
+router = APIRouter(
+    prefix="/v1/ds", tags=["durable streams"], responses=documented(400, 404, 413, 503)
+)
+
+B64U_PATTERN = r"^(?:[A-Za-z0-9_-]{4})*(?:[A-Za-z0-9_-]{2,3})?$"
+MAX_TS_JSON = 2**53 - 1  # ms, ~ year 287,000
+"""Largest ts or start taken: integers beyond it lose precision in JSON clients that read
+numbers as doubles (the store itself takes up to 2**63 - 1)."""
+MAX_NEXT = 1000
+"""Most messages one `next` may ask for (an answer may also stop earlier, by size)."""
+DbPath = Annotated[str, Path(pattern=catalog.NAME_PATTERN, description="database name")]
+Ts = Annotated[int, Field(ge=0, le=MAX_TS_JSON, description="Unix ms")]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class NewMessage(_Body):
+    topic: str = Field(pattern=topics.TOPIC_PATTERN, description="topic name (no wildcards)")
+    payload: str = Field(pattern=B64U_PATTERN, description="b64u payload")
+    ts: Ts | None = None
+    """Unix ms; omitted: the store's clock (never decreasing per database)."""
+
+
+class Stored(BaseModel):
+    stored: int
+    """Messages made durable."""
+
+
+class RankedStream(BaseModel):
+    rank: tuple[int, int]
+    """(X, Y): streams with different X may be replayed in parallel; with the same X, in order
+    of Y (seed 003)."""
+    stream: str
+
+
+class NewIterator(_Body):
+    stream: str = Field(pattern=routing.ADDRESS_PATTERN, description="a stream string")
+    filter: str = Field(min_length=1, pattern=topics.FILTER_PATTERN)
+    start: Ts = 0
+
+
+class IteratorMade(BaseModel):
+    iterator: str
+
+
+class StoredMessage(BaseModel):
+    topic: str
+    payload: str
+    ts: int
+
+
+class NextMessages(BaseModel):
+    messages: list[StoredMessage]
+    iterator: str
+    end_of_stream: bool
+
+
+def _bad(detail: str) -> ApiError:
+    return ApiError(400, "BAD_REQUEST", detail)
+
+
+def _filter(text: str) -> str:
+    try:
+        topics.parse_filter(text)
+    except topics.TopicError as error:
+        raise _bad(f"filter: {error}") from None
+    return text
+
+
+def _addressed(ctx: Context, text: str, what: str) -> tuple[int, str]:
+    try:
+        return routing.parse_address(text, ctx.config.kafka.partitions)
+    except ValueError as error:
+        raise _bad(f"{what}: {error}") from None
+
+
+def _stream_token(ctx: Context, db: str, text: str) -> tuple[int, str]:
+    partition, inner = _addressed(ctx, text, "stream")
+    try:
+        stream = Stream.from_token(inner)
+    except BadToken as error:
+        raise _bad(f"stream: {error}") from None
+    if stream.db != db:
+        raise _bad(f"stream of database {stream.db!r}, not {db!r}")
+    return partition, inner
+
+
+def _iterator_token(ctx: Context, db: str, text: str) -> tuple[int, str]:
+    partition, inner = _addressed(ctx, text, "iterator")
+    try:
+        iterator = StreamIterator.from_token(inner)
+    except BadToken as error:
+        raise _bad(f"iterator: {error}") from None
+    if iterator.stream.db != db:
+        raise _bad(f"iterator of database {iterator.stream.db!r}, not {db!r}")
+    return partition, inner
+
+
+@router.post("/{db}/messages", status_code=201, response_model=Stored)
+async def store(
+    ctx: Ctx, db: DbPath, messages: Annotated[list[NewMessage], Body(min_length=1)]
+) -> Stored:
+    """Store a batch; 201 once every message is durable (fsynced at its retainer)."""
+    config = ctx.config
+    if not messages:
+        raise _bad("a batch needs at least one message")
+    if len(messages) > config.ds_max_batch_messages:
+        raise ApiError(
+            413, "TOO_LARGE", f"over {config.ds_max_batch_messages} messages in one batch"
+        )
+    parts: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    total = 0
+    for i, message in enumerate(messages):
+        try:
+            topics.parse_topic(message.topic)
+        except topics.TopicError as error:
+            raise _bad(f"{i}.topic: {error}") from None
+        try:
+            size = len(ids.unb64u(message.payload))
+        except ValueError:
+            raise _bad(f"{i}.payload: not base64url") from None
+        if size > config.max_body_bytes:
+            raise ApiError(413, "TOO_LARGE", f"{i}.payload: over {config.max_body_bytes} bytes")
+        total += size + len(message.topic.encode())
+        partition = routing.partition_of_topic(message.topic, config.kafka.partitions)
+        parts[partition].append(message.model_dump())
+    if total > config.ds_max_batch_bytes:
+        raise ApiError(
+            413, "TOO_LARGE", f"batch over {config.ds_max_batch_bytes} bytes of topics and payloads"
+        )
+    await asyncio.gather(
+        *(
+            asking.retainer(ctx, partition, op="store", db=db, messages=part)
+            for partition, part in sorted(parts.items())
+        )
+    )
+    return Stored(stored=len(messages))
+
+
+@router.get("/{db}/streams", response_model=list[RankedStream])
+async def streams(
+    ctx: Ctx,
+    db: DbPath,
+    filter: Annotated[
+        str, Query(min_length=1, pattern=topics.FILTER_PATTERN, description="topic filter")
+    ],
+    start: Annotated[int, Query(ge=0, le=MAX_TS_JSON, description="Unix ms")] = 0,
+) -> list[RankedStream]:
+    """Streams that may hold messages matching the filter from `start`, from every retainer,
+    sorted by rank."""
+    _filter(filter)
+    replies = await asking.every_retainer(ctx, op="streams", db=db, filter=filter, start=start)
+    found = [
+        RankedStream(rank=(entry["rank"][0], entry["rank"][1]), stream=entry["stream"])
+        for reply in replies
+        if reply.data is not None
+        for entry in reply.data["streams"]
+    ]
+    found.sort(key=lambda ranked: ranked.rank)  # stable: each owner's order within a rank
+    return found
+
+
+@router.post("/{db}/iterators", status_code=201, response_model=IteratorMade)
+async def make_iterator(ctx: Ctx, db: DbPath, new: NewIterator) -> IteratorMade:
+    partition, inner = _stream_token(ctx, db, new.stream)
+    _filter(new.filter)
+    reply = await asking.retainer(
+        ctx, partition, op="iterator", db=db, stream=inner, filter=new.filter, start=new.start
+    )
+    assert reply.data is not None
+    return IteratorMade(**reply.data)
+
+
+@router.get("/{db}/next", response_model=NextMessages)
+async def next_messages(
+    ctx: Ctx,
+    db: DbPath,
+    iterator: Annotated[str, Query(pattern=routing.ADDRESS_PATTERN, description="an iterator")],
+    n: Annotated[int, Query(ge=1, le=MAX_NEXT)] = 100,
+) -> NextMessages:
+    """Up to `n` messages after the iterator (fewer when the answer reaches its size limit),
+    the iterator to continue from, and whether the stream has ended."""
+    partition, inner = _iterator_token(ctx, db, iterator)
+    reply = await asking.retainer(ctx, partition, op="next", db=db, iterator=inner, n=n)
+    assert reply.data is not None
+    return NextMessages(**reply.data)

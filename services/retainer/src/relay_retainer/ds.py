@@ -1,0 +1,243 @@
+"""Durable-stream requests at the retainer (`ds_request` on `relay.publications`): run each
+once, answer on the asker's inbox slot (`ds_reply`).
+
+Invariants:
+- a request past its deadline is dropped, and so is its answer: the asker has already answered
+  503, and requests read again after a restart or a broker log loss must not act late;
+- each request id runs once (a record read twice gets the first run's answer), and is answered
+  once per partition it arrived on. Requests for every partition (`streams`, `describe`, replica
+  and site changes) carry their data only on the answer for this retainer's lowest partition,
+  so the asker gets each retainer's data once; a long stream list comes in several parts;
+- `store` requests carry only topics of the partition they arrived on (refused otherwise), so a
+  topic's messages always live with one retainer;
+- the consumer never waits for an operation: answers are sent by tasks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from relay_bus import routing, schemas, topics
+from relay_bus.bus import Bus, BusUnavailableError
+from relay_bus.consumers import Received
+from relay_retainer import ds_admin
+from relay_retainer.streams import Expired, StreamHost
+from relay_streams import topics as topic_rules
+from relay_streams.errors import BadInput, Closed, NotFound, WriteFailed
+from relay_streams.model import MAX_TS, Message
+
+log = structlog.get_logger(__name__)
+
+REMEMBERED = 4096
+"""Writes and replica changes whose outcome is kept, so that a record read again (consumer
+retry, broker log loss) is answered without being applied twice. Their outcomes are small."""
+READS_REMEMBERED = 64
+"""Reads whose outcome is kept for the partitions that ask later. Few: a read's outcome may be
+hundreds of KiB, and running a read again is harmless."""
+READS = frozenset({"streams", "iterator", "next", "describe"})
+STREAMS_PER_PART = 1000
+"""Streams per reply record (a stream entry is ~100 bytes: well under Kafka's 1 MiB)."""
+EVERY_PARTITION = frozenset({"streams", "describe", "set_replicas", "join", "leave", "forget"})
+
+
+@dataclass(frozen=True)
+class Outcome:
+    status: int
+    data: dict[str, Any] | None = None
+    code: str | None = None
+    detail: str = ""
+
+
+def _refused(status: int, code: str, error: BaseException) -> Outcome:
+    return Outcome(status, code=code, detail=str(error))
+
+
+def _unb64u(text: str) -> bytes:
+    try:
+        return base64.b64decode(text + "=" * (-len(text) % 4), altchars=b"-_", validate=True)
+    except (binascii.Error, ValueError):
+        raise BadInput("payload is not base64url") from None
+
+
+def _b64u(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+class DsRequests:
+    def __init__(
+        self,
+        bus: Bus,
+        host: StreamHost,
+        instance: str,
+        owned: Sequence[int],
+        partitions: int,
+    ) -> None:
+        self.bus = bus
+        self.host = host
+        self.instance = instance
+        self.owned = list(owned)
+        self.partitions = partitions
+        self._runs: OrderedDict[str, asyncio.Task[Outcome]] = OrderedDict()
+        self._reads: OrderedDict[str, asyncio.Task[Outcome]] = OrderedDict()
+        self._replies: set[asyncio.Task[None]] = set()
+        self._admin = asyncio.Lock()
+
+    async def handle(self, received: Received, request: schemas.DsRequest) -> None:
+        if request.expired():
+            return
+        runs, limit = (
+            (self._reads, READS_REMEMBERED) if request.op in READS else (self._runs, REMEMBERED)
+        )
+        run = runs.get(request.id)
+        if run is None:
+            run = asyncio.create_task(self._run(request, received.partition), name="ds")
+            runs[request.id] = run
+            while len(runs) > limit:
+                runs.popitem(last=False)
+        reply = asyncio.create_task(self._answer(request, received.partition, run))
+        self._replies.add(reply)
+        reply.add_done_callback(self._replies.discard)
+
+    async def _run(self, request: schemas.DsRequest, partition: int) -> Outcome:
+        try:
+            return await self._op(request, partition)
+        except (BadInput, topic_rules.TopicError) as error:
+            return _refused(400, "BAD_REQUEST", error)
+        except NotFound as error:
+            return _refused(404, "NOT_FOUND", error)
+        except Expired as error:
+            return _refused(503, "UNAVAILABLE", error)
+        except (WriteFailed, Closed) as error:
+            return _refused(503, "UNAVAILABLE", error)
+        except Exception as error:  # the store's own faults (corrupt records, ...) included
+            log.exception("ds_request_failed", op=request.op, db=request.db)
+            return _refused(503, "UNAVAILABLE", error)
+
+    async def _op(self, request: schemas.DsRequest, partition: int) -> Outcome:
+        op, db = request.op, request.db
+        if op == "store":
+            messages = self._messages(request, partition)
+            await self.host.store_batch(db, messages, request.expired)
+            return Outcome(201, {"stored": len(messages)})
+        if op == "streams":
+            owner = self.owned[0]
+            found = await self.host.get_streams(db, request.filter, request.start)
+            return Outcome(
+                200,
+                {
+                    "streams": [
+                        {
+                            "rank": [routing.global_shard(owner, r.rank[0]), r.rank[1]],
+                            "stream": routing.address(owner, r.stream.token()),
+                        }
+                        for r in found
+                    ]
+                },
+            )
+        if op == "iterator":
+            it = await self.host.make_iterator(db, request.stream, request.filter, request.start)
+            return Outcome(201, {"iterator": routing.address(partition, it.token())})
+        if op == "next":
+            result = await self.host.next(db, request.iterator, request.n)
+            return Outcome(
+                200,
+                {
+                    "messages": [
+                        {"topic": m.topic, "payload": _b64u(m.payload), "ts": m.ts}
+                        for m in result.messages
+                    ],
+                    "iterator": routing.address(partition, result.iterator.token()),
+                    "end_of_stream": result.end_of_stream,
+                },
+            )
+        async with self._admin:
+            store, peers = self.host.store, request.peers
+            if op == "describe":
+                data = await asyncio.to_thread(ds_admin.describe, store, self.instance, self.owned)
+                return Outcome(200, data)
+            if op == "set_replicas":
+                await asyncio.to_thread(ds_admin.set_replicas, store, db, request.sites, peers)
+            elif op == "join":
+                await asyncio.to_thread(ds_admin.join, store, db, request.site, peers)
+            elif op == "leave":
+                await asyncio.to_thread(ds_admin.leave, store, db, request.site)
+            else:
+                await asyncio.to_thread(ds_admin.forget, store, request.site)
+            return Outcome(202)
+
+    def _messages(
+        self, request: schemas.DsRequest, partition: int
+    ) -> list[Message | tuple[str, bytes]]:
+        """The request's messages, each checked, so that one request's bad message cannot
+        refuse the batch it shares with others."""
+        out: list[Message | tuple[str, bytes]] = []
+        for i, m in enumerate(request.messages):
+            try:
+                topic_rules.parse_topic(m.topic)
+            except topic_rules.TopicError as error:
+                raise BadInput(f"message {i}: {error}") from None
+            owner = routing.partition_of_topic(m.topic, self.partitions)
+            if owner != partition:
+                raise BadInput(f"message {i}: topic belongs to partition {owner}, not {partition}")
+            payload = _unb64u(m.payload)
+            if m.ts is None:
+                out.append((m.topic, payload))
+            elif 0 <= m.ts <= MAX_TS:
+                out.append(Message(m.topic, payload, m.ts))
+            else:
+                raise BadInput(f"message {i}: ts out of range")
+        return out
+
+    async def _answer(
+        self, request: schemas.DsRequest, partition: int, run: asyncio.Task[Outcome]
+    ) -> None:
+        outcome = await run
+        if request.expired():
+            return
+        data = outcome.data
+        if request.op in EVERY_PARTITION and partition != self.owned[0]:
+            data = None  # this retainer's data travels once, with its lowest partition
+        chunks: list[dict[str, Any] | None] = [data]
+        if data is not None and request.op == "streams":
+            streams = data["streams"]
+            chunks = [
+                {"streams": streams[i : i + STREAMS_PER_PART]}
+                for i in range(0, max(1, len(streams)), STREAMS_PER_PART)
+            ]
+        for part, chunk in enumerate(chunks):
+            reply = schemas.DsReply(
+                id=request.id,
+                origin=request.origin,
+                partition=partition,
+                instance=self.instance,
+                site=self.host.store.this_site(),
+                status=outcome.status,
+                data=chunk,
+                code=outcome.code,
+                detail=outcome.detail,
+                part=part,
+                parts=len(chunks),
+            )
+            try:
+                await self.bus.send(topics.INGRESS_INBOX, reply, partition=request.reply_slot)
+            except BusUnavailableError as error:  # the asker times out with 503
+                log.warning("ds_reply_lost", op=request.op, error=str(error))
+                return
+
+    async def drain(self, budget_s: float = 2.0) -> None:
+        """Let running operations finish and send their answers (within `budget_s`), then
+        cancel what is left; called once the consumer has stopped."""
+        pending = [*self._runs.values(), *self._reads.values(), *self._replies]
+        if pending:
+            _, late = await asyncio.wait(pending, timeout=budget_s)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)

@@ -1,0 +1,64 @@
+"""The retainer's stream host (`relay_retainer.streams`) on a real store in a temporary data
+dir: readiness, databases opened at start, writes batched per round, a refused or expired
+request failing alone, and what was acknowledged still there after a reopen."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from relay_retainer.streams import Expired, StreamHost, StreamSettings
+from relay_runtime.readiness import Readiness
+from relay_streams.errors import BadInput, NotFound
+from relay_streams.model import Message
+
+
+async def _host(root: Path, readiness: Readiness, **settings: object) -> StreamHost:
+    host = StreamHost(root, "retainer-0", StreamSettings.model_validate(settings), readiness)
+    await host.open()
+    return host
+
+
+def _never() -> bool:
+    return False
+
+
+async def test_writes_share_rounds_and_fail_alone(tmp_path: Path) -> None:
+    readiness = Readiness()
+    host = await _host(tmp_path, readiness, databases=["messages", "other"], shards=2)
+    assert readiness.snapshot() == {"streams": True}
+    assert host.store.storages() == ["messages", "other"]
+    calls: list[int] = []
+    store_batch = host.store.store_batch
+
+    def counted(db: str, messages: list[Message], sync: bool = True) -> None:
+        calls.append(len(messages))
+        store_batch(db, messages, sync)
+
+    host.store.store_batch = counted  # type: ignore[method-assign]
+    writes = [host.store_batch("messages", [(f"t/{i}", b"x")], _never) for i in range(50)]
+    assert await asyncio.gather(*writes) == [None] * 50
+    assert len(calls) < 50  # requests that wait together share one store_batch
+    good = host.store_batch("messages", [("t/good", b"x")], _never)
+    bad = host.store_batch("messages", [Message("t/bad", b"x", -1)], _never)
+    late = host.store_batch("messages", [("t/late", b"x")], lambda: True)
+    results = await asyncio.gather(good, bad, late, return_exceptions=True)
+    assert results[0] is None
+    assert isinstance(results[1], BadInput)
+    assert isinstance(results[2], Expired)
+    with pytest.raises(NotFound):
+        await host.store_batch("nosuchdb", [("t", b"x")], _never)
+    await host.close()
+    assert readiness.snapshot() == {"streams": False}
+
+    host = await _host(tmp_path, Readiness())
+    assert host.store.storages() == ["messages", "other"]  # on disk: opened again
+    for topic, count in (("t/7", 1), ("t/good", 1), ("t/late", 0), ("t/bad", 0)):
+        found = []
+        for ranked in await host.get_streams("messages", topic, 0):
+            it = await host.make_iterator("messages", ranked.stream.token(), topic, 0)
+            found += (await host.next("messages", it.token(), 10)).messages
+        assert [m.topic for m in found] == [topic] * count
+    await host.close()
