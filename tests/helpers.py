@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -38,15 +39,6 @@ def wait_port(port: int, timeout_s: float = 10.0) -> None:
         except OSError:
             time.sleep(0.05)
     raise TimeoutError(f"port {port} did not open")
-
-
-def two_free_ports() -> int:
-    """A port p with p + 1 free as well (the second ingress instance takes p + 1)."""
-    for _ in range(100):
-        port = free_port()
-        if port < 65535 and port_free(port + 1):
-            return port
-    raise RuntimeError("no two adjacent free ports")
 
 
 def port_free(port: int) -> bool:
@@ -171,6 +163,14 @@ class Running:
     ready_line: str
     descendants: set[int] = field(default_factory=set)
 
+    def ingress_urls(self) -> list[str]:
+        """Every ingress instance's URL, in instance order (from relayctl's run state)."""
+        return [
+            f"http://127.0.0.1:{child.port}"
+            for child in self.state.children
+            if child.name.startswith("relay-ingress-")
+        ]
+
     @property
     def state(self) -> state.SuiteState:
         found = state.read_state(self.data_dir)
@@ -221,10 +221,11 @@ def suite(
         started = time.monotonic()
         assert process.stdout is not None
         line = process.stdout.readline()
-        assert line.startswith("Relay ready at "), (
-            line,
-            process.stderr.read() if process.poll() else "",
-        )
+        if not line.startswith("Relay ready at "):
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(10)  # the exit code and stderr, not a race with the reaping
+            stderr = process.stderr.read() if process.returncode is not None else ""
+            raise AssertionError(f"no ready line: {line!r}, exit {process.returncode}: {stderr}")
         assert time.monotonic() - started < READY_BUDGET_S
         running.ready_line = line
         running.collect_descendants()

@@ -163,10 +163,9 @@ def _unsettled(record: Record) -> list[tuple[str, int]]:
 
 
 def test_nothing_acknowledged_is_lost_under_kills(tmp_path: Path) -> None:
-    port = helpers.two_free_ports()
-    args = ["--port", str(port), "--ingress", "2", "--queue-writers", "2", "--delivery", "2"]
+    args = ["--port", "0", "--ingress", "2", "--queue-writers", "2", "--delivery", "2"]
     with helpers.suite(tmp_path, *args) as running:
-        urls = [f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port + 1}"]
+        urls = running.ingress_urls()
         with httpx.Client(base_url=urls[0], timeout=20) as http:
             recipients = [Recipient(http).create() for _ in range(QUEUES)]
         record = Record()

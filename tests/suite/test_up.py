@@ -14,7 +14,6 @@ import psutil
 import pytest
 
 from relayctl import state
-from tests import helpers
 from tests.helpers import BIN, ROOT, Running, alive, free_port, port_free, service_env, suite
 
 pytestmark = pytest.mark.suite
@@ -88,10 +87,9 @@ def _dump_everywhere(running: Running) -> None:
 
 
 def test_several_instances_dump_and_survive_broker_loss(tmp_path: Path) -> None:
-    port = helpers.two_free_ports()
     args = [
         "--port",
-        str(port),
+        "0",
         "--ingress",
         "2",
         "--queue-writers",
@@ -102,7 +100,7 @@ def test_several_instances_dump_and_survive_broker_loss(tmp_path: Path) -> None:
         "2",
     ]
     with suite(tmp_path, *args) as running:
-        second_ingress = f"http://127.0.0.1:{port + 1}"
+        second_ingress = running.ingress_urls()[1]
         # Pings take random partitions: several cover both queue-writers' shares.
         for url in (None, second_ingress, None, second_ingress):
             assert running.ping(url).status_code == 200

@@ -39,20 +39,46 @@ def _routing(ctx: Context, wait_s: float) -> Routing:
     )
 
 
-async def ping(ctx: Context, wait_s: float) -> schemas.Ping:
-    """Send a ping through every service; its reply comes back with every hop stamped."""
-    routing = _routing(ctx, wait_s)
-    request = schemas.Ping(**routing, started_ms=schemas.now_ms_())
+async def _one_reply(
+    ctx: Context,
+    request: schemas.Ping | schemas.QueueCommand | schemas.DsRequest,
+    topic: str,
+    *,
+    wait_s: float,
+    timeout_detail: str,
+    key: bytes | None = None,
+    partition: int | None = None,
+) -> schemas.Reply:
+    """Send `request` and wait for its one reply. The wait runs a little past the request's
+    deadline: whoever holds it drops it only after the deadline, and an answer made just before
+    it still has to travel back. 503 with `timeout_detail` when no answer comes."""
     replies = ctx.inbox.expect(request.id)
     try:
-        await ctx.bus.send(topics.QUEUE_COMMANDS, request, key=secrets.token_bytes(24))
-        reply = await asyncio.wait_for(replies.get(), wait_s)
+        await ctx.bus.send(topic, request, key=key, partition=partition)
+        return await asyncio.wait_for(replies.get(), wait_s + REPLY_GRACE_S)
     except TimeoutError:
-        raise ApiError(
-            503, "UNAVAILABLE", f"the ping did not come back within {wait_s:g} s"
-        ) from None
+        raise ApiError(503, "UNAVAILABLE", timeout_detail) from None
     finally:
         ctx.inbox.forget(request.id)
+
+
+def _accepted(reply: schemas.QueueReply | schemas.DsReply) -> None:
+    """Raise a reply's refusal as the API error it names."""
+    if reply.code is not None:
+        raise ApiError(reply.status, reply.code, reply.detail)
+
+
+async def ping(ctx: Context, wait_s: float) -> schemas.Ping:
+    """Send a ping through every service; its reply comes back with every hop stamped."""
+    request = schemas.Ping(**_routing(ctx, wait_s), started_ms=schemas.now_ms_())
+    reply = await _one_reply(
+        ctx,
+        request,
+        topics.QUEUE_COMMANDS,
+        wait_s=wait_s,
+        timeout_detail=f"the ping did not come back within {wait_s:g} s",
+        key=secrets.token_bytes(24),
+    )
     assert isinstance(reply, schemas.Ping)
     return reply
 
@@ -93,23 +119,16 @@ async def command(ctx: Context, partition: int, wait_s: float, **fields: Any) ->
     """Send a queue command to `partition` and wait for its reply; the reply's refusal (if
     any) is raised as the API error it names. 503 when no answer comes within `wait_s`: the
     command expires unapplied at the queue-writer (its deadline is in the record)."""
-    routing = _routing(ctx, wait_s)
-    request = schemas.QueueCommand(**routing, **fields)
-    replies = ctx.inbox.expect(request.id)
-    try:
-        await ctx.bus.send(topics.QUEUE_COMMANDS, request, partition=partition)
-        # A little past the deadline: the queue-writer drops the command only after it, and
-        # an answer made just before it still has to travel back.
-        reply = await asyncio.wait_for(replies.get(), wait_s + REPLY_GRACE_S)
-    except TimeoutError:
-        raise ApiError(
-            503, "UNAVAILABLE", f"no answer within {wait_s:g} s; nothing was stored"
-        ) from None
-    finally:
-        ctx.inbox.forget(request.id)
+    reply = await _one_reply(
+        ctx,
+        schemas.QueueCommand(**_routing(ctx, wait_s), **fields),
+        topics.QUEUE_COMMANDS,
+        wait_s=wait_s,
+        timeout_detail=f"no answer within {wait_s:g} s; nothing was stored",
+        partition=partition,
+    )
     assert isinstance(reply, schemas.QueueReply)
-    if reply.code is not None:
-        raise ApiError(reply.status, reply.code, reply.detail)
+    _accepted(reply)
     return reply
 
 
@@ -119,24 +138,17 @@ async def retainer(ctx: Context, partition: int, **fields: Any) -> schemas.DsRep
     names. 503 when no answer comes within the request timeout (the request expires unapplied
     at the retainer)."""
     wait_s = ctx.config.request_timeout_s
-    routing = _routing(ctx, wait_s)
-    request = schemas.DsRequest(**routing, **fields)
-    replies = ctx.inbox.expect(request.id)
-    try:
-        await ctx.bus.send(topics.PUBLICATIONS, request, partition=partition)
-        reply = await asyncio.wait_for(replies.get(), wait_s + REPLY_GRACE_S)
-    except TimeoutError:
-        raise ApiError(
-            503,
-            "UNAVAILABLE",
-            f"no answer within {wait_s:g} s from the retainer of partition "
-            f"{partition}; nothing was stored",
-        ) from None
-    finally:
-        ctx.inbox.forget(request.id)
+    reply = await _one_reply(
+        ctx,
+        schemas.DsRequest(**_routing(ctx, wait_s), **fields),
+        topics.PUBLICATIONS,
+        wait_s=wait_s,
+        timeout_detail=f"no answer within {wait_s:g} s from the retainer of partition "
+        f"{partition}; nothing was stored",
+        partition=partition,
+    )
     assert isinstance(reply, schemas.DsReply)
-    if reply.code is not None:
-        raise ApiError(reply.status, reply.code, reply.detail)
+    _accepted(reply)
     return reply
 
 
@@ -177,6 +189,5 @@ async def every_retainer(ctx: Context, **fields: Any) -> list[schemas.DsReply]:
         ctx.inbox.forget(request.id)
     ordered = [got[p][part] for p in sorted(got) for part in sorted(got[p])]
     for reply in ordered:
-        if reply.code is not None:
-            raise ApiError(reply.status, reply.code, reply.detail)
+        _accepted(reply)
     return ordered
