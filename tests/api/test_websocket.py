@@ -161,10 +161,11 @@ async def test_bad_frames_get_error_replies_and_the_connection_lives(
         assert (await recv(ws))["error"] == "BAD_REQUEST"
 
 
-async def test_frames_per_second_are_limited(ws_url: str) -> None:
+@pytest.mark.parametrize("frame", ["{}", b"\x00binary"])
+async def test_frames_per_second_are_limited(ws_url: str, frame: str | bytes) -> None:
     async with connect(ws_url) as ws:
         for _ in range(60):
-            await send(ws, "{}")
+            await send(ws, frame)
         codes = [(await recv(ws))["error"] for _ in range(60)]
         assert "RATE_LIMITED" in codes
         assert codes[0] == "BAD_REQUEST"

@@ -168,6 +168,9 @@ async def websocket(ws: WebSocket, ctx: Ctx) -> None:
             message = await ws.receive()
             if message["type"] == "websocket.disconnect":
                 break
+            if not conn.bucket.take():  # every frame counts, whatever it holds
+                conn.queue_frame(_error(None, "RATE_LIMITED", "too many frames per second"))
+                continue
             text = message.get("text")
             if text is None:
                 conn.queue_frame(_error(None, "BAD_REQUEST", "binary frames are not accepted"))
@@ -177,10 +180,7 @@ async def websocket(ws: WebSocket, ctx: Ctx) -> None:
                     _error(None, "TOO_LARGE", f"frame over {limits.max_frame_bytes} bytes")
                 )
                 continue
-            frame_id, parsed = _parse(text)
-            if not conn.bucket.take():
-                conn.queue_frame(_error(frame_id, "RATE_LIMITED", "too many frames per second"))
-                continue
+            _, parsed = _parse(text)
             if isinstance(parsed, dict):
                 conn.queue_frame(parsed)
                 continue
