@@ -210,10 +210,7 @@ class QueueJournal:
         # and write positions meet there): a fresh file per message of a queue read as fast as
         # it is written cost an unlink and a create each, a fifth of the queue-writer's time.
         # What a drained file holds is removed with the folder when the queue closes empty.
-        if write.msg >= self.settings.max_file_messages:
-            file = new_file_id()
-        else:
-            file = write.file
+        file = new_file_id() if write.msg >= self.settings.max_file_messages else write.file
         wal = self.wal
         lsn = wal.next_lsn()
         wal.append_bytes(lsn, records.encode_write_log(lsn, queue.id_bytes, file.encode(), data))
