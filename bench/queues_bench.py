@@ -81,10 +81,11 @@ costs 10-20 ms, SEND -> 201 is two hops, SEND -> MSG three. The fsyncs are not i
   ~0.2 ms for the NATS and Redis clients; it never saturates here.
 JSON and pydantic stay under 5% in every process. The peers' figures are fsync- and client-bound
 and swing 2-6x between runs when other work shares the disk; Relay's barely move.
-Fixed since (commit 35b5811: relay 214 msgs/s, p50 43 ms, p99 97 ms at load ~2.7): the file
-churn (a drained queue goes on in its message file), the thread hop (`_context` is async), and
-a commit to the broker after every batch by the queue-writer's and delivery's consumers (they
-keep their own positions; 120 -> ~165-214 msgs/s).
+Fixed since: the file churn (a drained queue goes on in its message file) and the thread hop
+(`_context` is async). Dropping the consumers' commit after every batch (the queue-writer and
+delivery seek to their own positions) raised Relay to ~165-214 msgs/s but was reverted: the
+loss test caught acknowledged messages pushed again, because a delivery consumer rejoining with
+no committed offset replayed its partition from the start despite its seek to a marker.
 The last line is a JSON summary.
 """
 

@@ -128,41 +128,6 @@ async def test_fixed_consumer_commits_and_resumes_after_handled_records(kafka: B
     assert seen == [f"p{n}" for n in range(8)]
 
 
-async def test_consumer_with_start_offsets_starts_there_and_commits_nothing(
-    kafka: Broker,
-) -> None:
-    """The owner keeps its positions (the queue-writer in its journal, delivery from a marker):
-    reading starts where `start_offsets` says, and no offset is committed to Kafka."""
-    seen: list[str] = []
-    asked: list[list[int]] = []
-
-    async def handler(received: Received) -> None:
-        assert isinstance(received.record, schemas.Ping)
-        seen.append(received.record.id)
-
-    async def start_at(partitions: list[int]) -> dict[int, int]:
-        asked.append(partitions)
-        return {2: 3}
-
-    settings = _settings(kafka)
-    bus = Bus(settings, client_id="owner", readiness=Readiness())
-    bus.consumer(
-        topics.QUEUE_COMMANDS, handler, group_id="owned", partitions=[2], start_offsets=start_at
-    )
-    await bus.start(5)
-    for n in range(5):
-        await bus.send(topics.QUEUE_COMMANDS, _ping(n), partition=2)
-    await _eventually(lambda: seen == ["p3", "p4"])
-    await bus.stop()
-    assert asked == [[2]]
-    reader = clients.consumer(settings, "reader", "owned")
-    await reader.start()
-    try:
-        assert await reader.committed(clients.TopicPartition(topics.QUEUE_COMMANDS, 2)) is None
-    finally:
-        await reader.stop()
-
-
 async def test_failing_handler_is_retried_and_unreadable_records_are_skipped(kafka: Broker) -> None:
     settings = _settings(kafka)
     bus = Bus(settings, client_id="t", readiness=Readiness())

@@ -7,9 +7,8 @@ Invariants:
 - a record this build cannot decode is counted, logged once and skipped (it would fail forever);
 - `stop()` lets the batch in hand finish, commits, and leaves the group before returning;
 - with `start_offsets`, reading starts where it says, on every assignment (fixed partitions at
-  start, a group's partitions at each rebalance) and again after the broker lost its log, and
-  nothing is committed (the owner keeps its positions); without it, from the committed offset
-  (then the earliest), and from offset 0 after a loss.
+  start, a group's partitions at each rebalance) and again after the broker lost its log;
+  without it, from the committed offset (then the earliest), and from offset 0 after a loss.
 """
 
 from __future__ import annotations
@@ -199,14 +198,7 @@ class Consumer:
         return True
 
     async def _commit(self) -> None:
-        # With `start_offsets` the owner keeps its own positions and Kafka's committed offsets
-        # are never read: committing would only cost a broker round trip per batch.
-        if (
-            self._consumer is None
-            or self.group_id is None
-            or self.start_offsets is not None
-            or not self._handled
-        ):
+        if self._consumer is None or self.group_id is None or not self._handled:
             return
         offsets = {
             tp: clients.OffsetAndMetadata(offset, "") for tp, offset in self._handled.items()
