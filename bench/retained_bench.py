@@ -1,15 +1,18 @@
 """Retained-message store benchmark (issue 8).
 
     .venv/bin/python bench/retained_bench.py [--topics 1000000] [--payload 256] [--page-size 100]
+        [--batch 1]
 
 Workload: `--topics` topics shaped `t<tenant>/dev/d<device>` (100 tenants, topics/100 devices
 each), each retained once with the same `--payload` random bytes (so compression flatters
 `disk_bytes_per_topic`), in a shuffled order, by one writer
-calling `RetainedStore.store` (every call is its own synced write batch: durable when it
-returns, no group commit), into a fresh store with the default settings.
+calling `RetainedStore.store` (`--batch 1`: every call is its own synced write batch, durable
+when it returns) or `store_many` with `--batch` writes (one synced batch for them all, the
+service's group commit), into a fresh store with the default settings.
 
 Measures, in one run:
-- `store_per_s`: topics / time spent inside `store`, with the call latency p50/p99/max in ms
+- `store_per_s`: topics / time spent inside `store` (or `store_many`), with the call latency
+  p50/p99/max in ms
   (the average is not reported);
 - `match_all_s`: the `#` iterator read to its end; `match_all_peak_rss_mb` is the process RSS
   sampled every 10,000 messages while it runs (it streams: the peak stays where it started,
@@ -37,7 +40,7 @@ from pathlib import Path
 
 import report
 
-from relay_streams.retained import RetainedStore
+from relay_streams.retained import RetainedStore, Write
 
 PAGE = 10_000
 
@@ -105,6 +108,7 @@ def main() -> None:
     parser.add_argument("--topics", type=int, default=1_000_000)
     parser.add_argument("--payload", type=int, default=256)
     parser.add_argument("--page-size", type=int, default=100)
+    parser.add_argument("--batch", type=int, default=1, help="writes per store_many call")
     parser.add_argument("--dir", type=Path, default=None, help="parent folder (default: tmp)")
     args = parser.parse_args()
 
@@ -117,9 +121,13 @@ def main() -> None:
     try:
         store = RetainedStore(path)
         latencies: list[float] = []
-        for name in names:
+        for i in range(0, len(names), args.batch):
+            writes = [Write(name, payload) for name in names[i : i + args.batch]]
             t0 = time.perf_counter()
-            store.store(name, payload)
+            if args.batch == 1:
+                store.store(writes[0].topic, payload)
+            else:
+                store.store_many(writes)
             latencies.append(time.perf_counter() - t0)
         store_s = sum(latencies)
         assert store.size() == args.topics
@@ -141,6 +149,7 @@ def main() -> None:
             "bench": "retained",
             "topics": args.topics,
             "payload_bytes": args.payload,
+            "batch": args.batch,
             "store_per_s": round(args.topics / store_s),
             "store_p50_ms": round(percentile(latencies, 0.5) * 1000, 3),
             "store_p99_ms": round(percentile(latencies, 0.99) * 1000, 3),

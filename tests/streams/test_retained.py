@@ -13,7 +13,13 @@ from hypothesis import strategies as st
 
 from relay_streams import topics
 from relay_streams.errors import BadInput, Closed
-from relay_streams.retained import Retained, RetainedFull, RetainedSettings, RetainedStore
+from relay_streams.retained import (
+    Retained,
+    RetainedFull,
+    RetainedSettings,
+    RetainedStore,
+    Write,
+)
 
 NOW = 1_700_000_000_000
 
@@ -109,6 +115,8 @@ def test_store_read_replace_delete_and_size(store: RetainedStore) -> None:
     assert store.read("a/b") is None
     assert store.size() == 0
     assert not store.delete("a/b")
+    assert not store.store("a/b", b"")  # deleting what is not there: nothing retained
+    assert store.size() == 0
     store.store("x", b"1")
     store.store("y", b"1")
     assert store.delete("x")
@@ -267,3 +275,40 @@ def test_check_finds_a_consistent_store(store: RetainedStore) -> None:
         store.store(f"c/{i}", b"x", expiry_interval_s=5 if i % 3 else None)
     store.delete("c/4")
     assert store.check() == []
+
+
+def test_store_many_is_one_batch_in_order(store: RetainedStore) -> None:
+    store.store("m/old", b"x", expiry_interval_s=5, now=NOW)
+    results = store.store_many(
+        [
+            Write("m/a", b"1"),
+            Write("m/a", b"2", qos=2, expiry_interval_s=10),  # the later write wins
+            Write("m/old", b"y"),  # replaces, and drops the old expiry entry
+            Write("m/b", b"1"),
+            Write("m/b", b""),  # then deleted
+            Write("m/none", b""),
+        ],
+        now=NOW,
+    )
+    assert results == [True, True, True, True, False, False]
+    assert store.read("m/a", now=NOW) == Retained("m/a", b"2", 2, NOW, NOW + 10_000)
+    assert topics_of(store.match("m/#", now=NOW)) == ["m/a", "m/old"]
+    assert store.size() == 2
+    assert store.check() == []
+    assert store.clear_expired(now=NOW + 10**9) == 1
+    assert store.check() == []
+
+
+def test_store_many_is_all_or_nothing(tmp_path: Path) -> None:
+    with RetainedStore(tmp_path / "r", RetainedSettings(max_retained=3)) as s:
+        s.store("a", b"1")
+        with pytest.raises(RetainedFull):
+            s.store_many([Write("a", b"2"), Write("b", b"1"), Write("c", b"1"), Write("d", b"1")])
+        with pytest.raises(topics.TopicError):
+            s.store_many([Write("b", b"1"), Write("#", b"1")])
+        assert [(m.topic, m.payload) for m in s.match("#")] == [("a", b"1")]
+        assert s.size() == 1
+        # Deleting first makes room within the same call.
+        assert s.store_many([Write("a", b""), Write("b", b"1"), Write("c", b"1"), Write("d", b"1")])
+        assert topics_of(s.match("#")) == ["b", "c", "d"]
+        assert s.check() == []

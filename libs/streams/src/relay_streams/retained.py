@@ -28,9 +28,10 @@ import json
 import struct
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rocksdict import Options, Rdict, ReadOptions, WriteBatch, WriteOptions
 
@@ -69,6 +70,17 @@ class RetainedSettings:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise BadInput(f"{name} must be a non-negative integer, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Write:
+    """One write of `store_many`: an empty payload deletes the topic's message."""
+
+    topic: str
+    payload: bytes
+    qos: int = 0
+    expiry_interval_s: int | None = None
+    """Seconds until the message expires (MQTT 5 Message Expiry Interval); None: never."""
 
 
 @dataclass(frozen=True)
@@ -223,13 +235,72 @@ class RetainedStore:
     ) -> bool:
         """Retain `payload` as the topic's message (replacing the previous one); an empty payload
         deletes it (MQTT 3.3.1.3). Returns whether a message is now retained. Durable when it
-        returns. Cost: one point read and one synced write batch of at most 5 keys, O(log n).
+        returns. Cost: one point read and one synced write batch of at most 4 keys, O(log n).
 
         Raises `TopicError`/`BadInput` for an invalid topic, qos, expiry or a payload over
         `max_payload_bytes`, and `RetainedFull` for a new topic when `max_retained` are kept.
         """
+        return self.store_many([Write(topic, payload, qos, expiry_interval_s)], now=now)[0]
+
+    def store_many(self, writes: Sequence[Write], now: int | None = None) -> list[bool]:
+        """`store` for each write in order (a later write of a topic wins), all in one synced
+        write batch: one fsync for the lot (the service's group commit). Whether each write left
+        a message retained. All or nothing: any invalid write, or more new topics than
+        `max_retained` leaves room for, raises and changes nothing. Cost: one multi-get and one
+        synced batch of at most 3 keys per write plus the count.
+        """
         self._check_open()
-        levels = topics.parse_topic(topic)
+        checked = [self._checked(write) for write in writes]
+        ts = now_ms() if now is None else now
+        with self._lock:
+            self._check_open()
+            keys = list(dict.fromkeys(key for key, _levels, _write in checked))
+            wanted: list[Any] = list(keys)  # rocksdict's stub wants list[str | int | ...]
+            found = self.db.get(wanted) if keys else []
+            assert isinstance(found, list)  # a list of keys gets a list of values
+            current: dict[bytes, bytes | None] = dict(zip(keys, found, strict=True))
+            batch = WriteBatch(raw_mode=True)
+            count = self._count
+            results = []
+            for key, levels, write in checked:
+                old = current[key]
+                if old is not None:
+                    old_expiry = _decode_value("/".join(levels), old).expires_at
+                    if old_expiry is not None:
+                        batch.delete(EXPIRY + _U64.pack(old_expiry) + key)
+                if not write.payload:  # a delete
+                    if old is not None:
+                        batch.delete(key)
+                        count -= 1
+                    current[key] = None
+                    results.append(False)
+                    continue
+                limit = self.settings.max_retained
+                if old is None and limit and count >= limit:
+                    raise RetainedFull(
+                        f"{count} topics retained (max_retained); new topic {write.topic!r} "
+                        "refused, no write of the call applied"
+                    )
+                expiry = write.expiry_interval_s
+                expires_at = None if expiry is None else ts + expiry * 1000
+                value = _encode_value(
+                    Retained(write.topic, write.payload, write.qos, ts, expires_at)
+                )
+                batch.put(key, value)
+                if expires_at is not None:
+                    batch.put(EXPIRY + _U64.pack(expires_at) + key, b"")
+                count += old is None
+                current[key] = value
+                results.append(True)
+            batch.put(COUNT, _U64.pack(count))
+            self._write(batch)
+            self._count = count
+        return results
+
+    def _checked(self, write: Write) -> tuple[bytes, Levels, Write]:
+        """The write's key and levels, with its payload as bytes; `TopicError`/`BadInput`."""
+        levels = topics.parse_topic(write.topic)
+        payload = write.payload
         if not isinstance(payload, bytes | bytearray | memoryview):
             raise BadInput(f"payload must be bytes, not {type(payload).__name__}")
         payload = bytes(payload)
@@ -238,44 +309,15 @@ class RetainedStore:
                 f"payload is {len(payload)} bytes, over the {self.settings.max_payload_bytes}"
                 "-byte limit"
             )
+        qos = write.qos
         if qos not in (0, 1, 2) or isinstance(qos, bool):
             raise BadInput(f"qos must be 0, 1 or 2, got {qos!r}")
-        if expiry_interval_s is not None and (
-            not isinstance(expiry_interval_s, int)
-            or isinstance(expiry_interval_s, bool)
-            or not 0 < expiry_interval_s < 1 << 32
+        expiry = write.expiry_interval_s
+        if expiry is not None and (
+            not isinstance(expiry, int) or isinstance(expiry, bool) or not 0 < expiry < 1 << 32
         ):
-            raise BadInput(f"expiry_interval_s must be in 1..2**32-1, got {expiry_interval_s!r}")
-        if not payload:
-            return not self._delete(levels)
-        ts = now_ms() if now is None else now
-        expires_at = None if expiry_interval_s is None else ts + expiry_interval_s * 1000
-        message = Retained(topic, payload, qos, ts, expires_at)
-        key = topic_key(levels)
-        with self._lock:
-            self._check_open()
-            old = self.db.get(key)
-            if (
-                old is None
-                and self.settings.max_retained
-                and (self._count >= self.settings.max_retained)
-            ):
-                raise RetainedFull(
-                    f"{self._count} topics retained (max_retained); new topic {topic!r} refused"
-                )
-            batch = WriteBatch(raw_mode=True)
-            if old is not None:
-                old_expiry = _decode_value(topic, old).expires_at
-                if old_expiry is not None:
-                    batch.delete(EXPIRY + _U64.pack(old_expiry) + key)
-            count = self._count + (old is None)
-            batch.put(key, _encode_value(message))
-            if expires_at is not None:
-                batch.put(EXPIRY + _U64.pack(expires_at) + key, b"")
-            batch.put(COUNT, _U64.pack(count))
-            self._write(batch)
-            self._count = count
-        return True
+            raise BadInput(f"expiry_interval_s must be in 1..2**32-1, got {expiry!r}")
+        return topic_key(levels), levels, Write(write.topic, payload, qos, expiry)
 
     def delete(self, topic: str) -> bool:
         """Forget the topic's retained message; whether there was one. Durable when it returns.
