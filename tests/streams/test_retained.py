@@ -267,7 +267,12 @@ def test_settings_and_close(tmp_path: Path) -> None:
     with pytest.raises(BadInput):
         s.store("a", b"four")
     s.store("a", b"abc")
+    s.store("b", b"abc")
+    running = s.match("#")
+    assert next(running).topic == "a"
     s.close()
+    with pytest.raises(Closed):
+        next(running)
     s.close()  # idempotent
     with pytest.raises(Closed):
         s.store("a", b"x")

@@ -438,10 +438,10 @@ class RetainedStore:
         limit: int = 100,
         now: int | None = None,
     ) -> tuple[list[Retained], str | None]:
-        """One page of `match` in topic order and the cursor of the next page (None after the
-        last one). Page N costs what page 1 costs: the cursor is the last topic returned and the
-        next page starts with a seek to it (keyset paging, no offset scan). Cost: O(log n +
-        limit) for `#`."""
+        """One page of `match` in topic order and the cursor of the next page (None once a page
+        comes back short; a full last page gives a cursor whose page is empty). Page N costs
+        what page 1 costs: the cursor is the last topic returned and the next page starts with
+        a seek to it (keyset paging, no offset scan). Cost: O(log n + limit) for `#`."""
         if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 10_000:
             raise BadInput(f"limit must be in 1..10000, got {limit!r}")
         out: list[Retained] = []
