@@ -24,6 +24,14 @@ Measures, in one run:
   median of 20 reads; page 10,000 exists only when topics >= 10,000 x page size, otherwise the
   last page is measured and `page_n` says which;
 - `restart_s`: closing and opening the store again (and reading `size`).
+
+With `--mosquitto` (Debian's `mosquitto` installed: `apt-get install mosquitto`), the same
+topics and payload are then retained in a Mosquitto broker (persistence on, its default
+autosave: Mosquitto does not fsync each retained message, so its store rate is not a durable
+rate) over one MQTT 3.1.1 connection (QoS 0 publishes, pipelined; the time ends at the
+PINGRESP that follows the last one): `mosquitto_store_per_s`; then a second client subscribes
+to `#` and `mosquitto_match_all_s` is the time until every retained message arrived;
+`mosquitto_rss_mb` is the broker's resident memory after that.
 The last line is a JSON summary.
 """
 
@@ -33,7 +41,9 @@ import argparse
 import os
 import random
 import shutil
+import socket
 import statistics
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -103,12 +113,140 @@ def measure_reads(store: RetainedStore, topics: int, page_size: int) -> dict[str
     }
 
 
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        n, digit = divmod(n, 128)
+        out.append(digit | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _packet(kind: int, body: bytes) -> bytes:
+    return bytes([kind]) + _varint(len(body)) + body
+
+
+def _string(text: str) -> bytes:
+    raw = text.encode()
+    return len(raw).to_bytes(2, "big") + raw
+
+
+class MqttClient:
+    """Just enough MQTT 3.1.1 for the benchmark: connect, retained QoS 0 publishes, ping,
+    subscribe, and counting the PUBLISH packets that arrive."""
+
+    def __init__(self, port: int, client_id: str) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port))
+        self.buffer = bytearray()
+        # protocol "MQTT" level 4, clean session, keep-alive off
+        self.sock.sendall(_packet(0x10, _string("MQTT") + b"\x04\x02\x00\x00" + _string(client_id)))
+        kind, _body = self.read_packet()
+        assert kind == 0x20, hex(kind)
+
+    def read_packet(self) -> tuple[int, bytes]:
+        while True:
+            packet = self._parse()
+            if packet is not None:
+                return packet
+            chunk = self.sock.recv(1 << 20)
+            if not chunk:
+                raise ConnectionError("broker closed the connection")
+            self.buffer += chunk
+
+    def _parse(self) -> tuple[int, bytes] | None:
+        buf = self.buffer
+        length, shift, i = 0, 0, 1
+        while True:
+            if i >= len(buf):
+                return None
+            length |= (buf[i] & 0x7F) << shift
+            shift += 7
+            i += 1
+            if not buf[i - 1] & 0x80:
+                break
+        if len(buf) < i + length:
+            return None
+        kind, body = buf[0] & 0xF0, bytes(buf[i : i + length])
+        del buf[: i + length]
+        return kind, body
+
+    def publish_retained(self, names: list[str], payload: bytes) -> None:
+        chunk = []
+        for name in names:
+            chunk.append(_packet(0x31, _string(name) + payload))
+            if len(chunk) == 1000:
+                self.sock.sendall(b"".join(chunk))
+                chunk = []
+        self.sock.sendall(b"".join(chunk))
+        self.sock.sendall(b"\xc0\x00")  # PINGREQ: answered after every publish before it
+        while self.read_packet()[0] != 0xD0:
+            pass
+
+    def subscribe_count(self, topic_filter: str, expected: int) -> int:
+        self.sock.sendall(_packet(0x82, b"\x00\x01" + _string(topic_filter) + b"\x00"))
+        seen = 0
+        while seen < expected:
+            kind, _body = self.read_packet()
+            seen += kind == 0x30
+        return seen
+
+    def close(self) -> None:
+        self.sock.sendall(b"\xe0\x00")  # DISCONNECT
+        self.sock.close()
+
+
+def mosquitto_side(names: list[str], payload: bytes, folder: Path) -> dict[str, float]:
+    """The same retained set in a Mosquitto broker (module docstring)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    folder.mkdir()
+    conf = folder / "mosquitto.conf"
+    conf.write_text(
+        f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence true\n"
+        f"persistence_location {folder}/\nretain_available true\nmax_queued_messages 0\n"
+        "max_queued_bytes 0\n"
+    )
+    broker = subprocess.Popen(
+        ["mosquitto", "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        for _ in range(100):
+            try:
+                socket.create_connection(("127.0.0.1", port)).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+        publisher = MqttClient(port, "bench-pub")
+        t0 = time.perf_counter()
+        publisher.publish_retained(names, payload)
+        store_s = time.perf_counter() - t0
+        publisher.close()
+        subscriber = MqttClient(port, "bench-sub")
+        t0 = time.perf_counter()
+        seen = subscriber.subscribe_count("#", len(names))
+        match_s = time.perf_counter() - t0
+        assert seen == len(names), seen
+        subscriber.close()
+        with open(f"/proc/{broker.pid}/status") as f:
+            rss_kb = next(int(line.split()[1]) for line in f if line.startswith("VmRSS"))
+    finally:
+        broker.terminate()
+        broker.wait(timeout=60)
+    return {
+        "mosquitto_store_per_s": round(len(names) / store_s),
+        "mosquitto_match_all_s": round(match_s, 3),
+        "mosquitto_rss_mb": round(rss_kb / 1024, 1),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--topics", type=int, default=1_000_000)
     parser.add_argument("--payload", type=int, default=256)
     parser.add_argument("--page-size", type=int, default=100)
     parser.add_argument("--batch", type=int, default=1, help="writes per store_many call")
+    parser.add_argument("--mosquitto", action="store_true", help="also measure Mosquitto")
     parser.add_argument("--dir", type=Path, default=None, help="parent folder (default: tmp)")
     args = parser.parse_args()
 
@@ -141,6 +279,7 @@ def main() -> None:
         assert size == args.topics
         store.close()
         disk = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+        mosquitto = mosquitto_side(names, payload, root / "mosquitto") if args.mosquitto else {}
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -157,6 +296,7 @@ def main() -> None:
             **reads,
             "restart_s": round(restart_s, 3),
             "disk_bytes_per_topic": round(disk / args.topics),
+            **mosquitto,
         }
     )
 
