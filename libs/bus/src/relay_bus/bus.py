@@ -275,11 +275,6 @@ class Bus:
         if not task.cancelled() and task.exception() is not None:
             log.warning("post_failed", error=str(task.exception()))
 
-    @property
-    def posting(self) -> int:
-        """Posted records not yet acknowledged by the broker."""
-        return len(self._posted)
-
     async def stop(self, drain: Sequence[Callable[[], Awaitable[None]]] = ()) -> None:
         """Stop the keeper, then consumers (they commit), then run the `drain` hooks (work
         started by handled records may still send), then flush the producer."""

@@ -110,9 +110,6 @@ class Connections:
         self._open: dict[str, Connection] = {}
         self._per_address: Counter[str] = Counter()
 
-    def __len__(self) -> int:
-        return len(self._open)
-
     def open(self, ws: WebSocket, address: str) -> Connection | None:
         """A new connection, or None when `address` already has its maximum."""
         if self._per_address[address] >= self.limits.connections_per_address:
