@@ -583,3 +583,13 @@ def test_relayctl_journal_migrate_and_check(root: Path) -> None:
         check=False,
     )
     assert bad.returncode == 2
+    too_long = subprocess.run(  # longer than the queue ids: refused, one line, nothing moved
+        [*run, "migrate", "--root", str(root), "--to", "20,20"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert too_long.returncode == 1
+    assert too_long.stderr.startswith("relayctl: journal: ")
+    assert "Traceback" not in too_long.stderr
+    assert (root / "queues" / Q[:4] / Q[4:8] / Q[8:]).is_dir()

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from relay_journal import layout
+from relay_journal import errors, layout
 from relay_journal.journal import QueueJournal
 from relay_journal.settings import JournalSettings
 
@@ -18,6 +20,16 @@ app = typer.Typer(
 Root = Annotated[
     Path, typer.Option("--root", help="The journal root (a queue-writer's journal folder).")
 ]
+
+
+@contextmanager
+def _journal_errors() -> Iterator[None]:
+    """A journal refusal (bad layout, damaged root) is one line on stderr and exit 1."""
+    try:
+        yield
+    except errors.JournalError as error:
+        typer.echo(f"relayctl: journal: {error}", err=True)
+        raise typer.Exit(1) from None
 
 
 def _fragments(text: str) -> tuple[int, ...]:
@@ -39,18 +51,20 @@ def migrate(
     ] = None,
 ) -> None:
     """Move queue folders to another path layout. Resumable: run it again to continue."""
-    moved, finished = layout.migrate(root, _fragments(to), limit=limit)
+    with _journal_errors():
+        moved, finished = layout.migrate(root, _fragments(to), limit=limit)
     typer.echo(f"moved {moved} queues; {'finished' if finished else 'run again to continue'}")
 
 
 @app.command()
 def check(root: Root) -> None:
     """Open every queue, repair what loading repairs, and report what is damaged."""
-    journal = QueueJournal(JournalSettings(root=root))
-    try:
-        problems = journal.check()
-    finally:
-        journal.close()
+    with _journal_errors():
+        journal = QueueJournal(JournalSettings(root=root))
+        try:
+            problems = journal.check()
+        finally:
+            journal.close()
     for problem in problems:
         typer.echo(problem)
     typer.echo(f"{len(problems)} problems")
