@@ -234,3 +234,20 @@ def suite(
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+def kill_when_acked(module: str, *args: str, count: int) -> int:
+    """Run `python -m module args` (a crash-test child printing its acknowledged count, one per
+    line), SIGKILL it once it has printed `count`, and return the last count it printed."""
+    child = subprocess.Popen(
+        [sys.executable, "-m", module, *args], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
+    assert child.stdout is not None
+    acked = 0
+    for line in child.stdout:
+        acked = int(line)
+        if acked >= count:
+            break
+    child.send_signal(signal.SIGKILL)
+    child.wait(timeout=30)
+    return acked

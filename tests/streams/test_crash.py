@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 from relay_streams.store import StreamStore
-from tests.helpers import ROOT
+from tests.helpers import kill_when_acked
 from tests.streams.conftest import replay
 
 
@@ -28,20 +25,9 @@ def test_acknowledged_messages_survive_sigkill(tmp_path: Path) -> None:
 
 def _rounds(tmp_path: Path) -> None:
     for round_ in range(3):
-        child = subprocess.Popen(
-            [sys.executable, "-m", "tests.streams.crash_child", str(tmp_path)],
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            text=True,
+        acked = kill_when_acked(
+            "tests.streams.crash_child", str(tmp_path), count=250 * (round_ + 1)
         )
-        assert child.stdout is not None
-        acked = 0
-        for line in child.stdout:
-            acked = int(line)
-            if acked >= 250 * (round_ + 1):
-                break
-        child.send_signal(signal.SIGKILL)
-        child.wait(timeout=30)
         assert acked > 0
         store = StreamStore(tmp_path)
         db = store.open_db("m")

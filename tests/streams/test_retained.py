@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +22,7 @@ from relay_streams.retained import (
     RetainedStore,
     Write,
 )
-from tests.helpers import ROOT
+from tests.helpers import kill_when_acked
 
 NOW = 1_700_000_000_000
 
@@ -331,20 +328,9 @@ def test_acknowledged_writes_survive_sigkill(tmp_path: Path) -> None:
     root = Path(tempfile.mkdtemp(prefix="retained-crash-", dir=shm)) if shm.is_dir() else tmp_path
     try:
         for round_ in range(3):
-            child = subprocess.Popen(
-                [sys.executable, "-m", "tests.streams.retained_crash_child", str(root)],
-                cwd=ROOT,
-                stdout=subprocess.PIPE,
-                text=True,
+            acked = kill_when_acked(
+                "tests.streams.retained_crash_child", str(root), count=300 * (round_ + 1)
             )
-            assert child.stdout is not None
-            acked = 0
-            for line in child.stdout:
-                acked = int(line)
-                if acked >= 300 * (round_ + 1):
-                    break
-            child.send_signal(signal.SIGKILL)
-            child.wait(timeout=30)
             assert acked >= 300 * (round_ + 1)  # the child was writing, not failing
             with RetainedStore(root / "retained") as s:
                 assert s.check() == []
