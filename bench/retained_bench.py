@@ -1,7 +1,9 @@
 """Retained-message store benchmark (issue 8).
 
     .venv/bin/python bench/retained_bench.py [--topics 1000000] [--payload 256] [--page-size 100]
-        [--batch 1]
+        [--batch 1] [--no-mosquitto]
+
+(`bench/setup-peers.sh` first, once: it installs the Mosquitto broker this runs beside Relay.)
 
 Workload: `--topics` topics shaped `t<tenant>/dev/d<device>` (100 tenants, topics/100 devices
 each), each retained once with the same `--payload` random bytes (so compression flatters
@@ -25,13 +27,26 @@ Measures, in one run:
   last page is measured and `page_n` says which;
 - `restart_s`: closing and opening the store again (and reading `size`).
 
-With `--mosquitto` (Debian's `mosquitto` installed: `apt-get install mosquitto`), the same
-topics and payload are then retained in a Mosquitto broker (persistence on, its default
-autosave: Mosquitto does not fsync each retained message, so its store rate is not a durable
-rate) over one MQTT 3.1.1 connection (QoS 0 publishes, pipelined; the time ends at the
-PINGRESP that follows the last one): `mosquitto_store_per_s`; then a second client subscribes
-to `#` and `mosquitto_match_all_s` is the time until every retained message arrived;
-`mosquitto_rss_mb` is the broker's resident memory after that.
+Then, unless `--no-mosquitto`, the same topics and payload are retained in a Mosquitto broker
+(`bench/setup-peers.sh` installs Debian's `mosquitto`; without it the run stops before it
+starts) bound to 127.0.0.1 on a free port, persistence on in a temp dir, its default autosave
+(Mosquitto does not fsync each retained message, so its store rate is not a durable rate):
+- `mosquitto_store_per_s`: one MQTT 3.1.1 connection publishes them (QoS 0, pipelined; the time
+  ends at the PINGRESP that follows the last one);
+- `mosquitto_match_all_s`: a second client subscribes to `#`, until every retained message
+  arrived (over TCP, parsed in Python: not like for like with the in-process `match_all_s`);
+- `mosquitto_rss_mb`: the broker's resident memory after that. Relay's figure,
+  `match_all_peak_rss_mb`, is this whole benchmark process, its list of topic names included;
+- `mosquitto_stop_s`: SIGTERM until the broker exited, having written its database file
+  (`mosquitto_db_bytes_per_topic`, beside `disk_bytes_per_topic`);
+- `mosquitto_restart_s`: starting it again on that file until it accepted a connection and a
+  subscriber to the first topic stored got its retained message (the database is loaded), to
+  set beside `restart_s` (which includes closing the store); `mosquitto_restart_all_s`: from the
+  same start until a `#` subscriber got every retained message again (checks the file held
+  them all);
+- `match_all_ratio_vs_mosquitto`, `rss_ratio_vs_mosquitto`, `restart_ratio_vs_mosquitto`:
+  Relay's `match_all_s`, `match_all_peak_rss_mb`, `restart_s` / Mosquitto's;
+- `mosquitto_version`: `mosquitto -h`'s.
 The last line is a JSON summary.
 """
 
@@ -41,9 +56,11 @@ import argparse
 import os
 import random
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -113,6 +130,9 @@ def measure_reads(store: RetainedStore, topics: int, page_size: int) -> dict[str
     }
 
 
+READ_TIMEOUT_S = 120  # a broker silent this long has lost what it was expected to send
+
+
 def _varint(n: int) -> bytes:
     out = bytearray()
     while True:
@@ -136,11 +156,17 @@ class MqttClient:
     subscribe, and counting the PUBLISH packets that arrive."""
 
     def __init__(self, port: int, client_id: str) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port))
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=READ_TIMEOUT_S)
         self.buffer = bytearray()
-        # protocol "MQTT" level 4, clean session, keep-alive off
-        self.sock.sendall(_packet(0x10, _string("MQTT") + b"\x04\x02\x00\x00" + _string(client_id)))
-        kind, _body = self.read_packet()
+        try:
+            # protocol "MQTT" level 4, clean session, keep-alive off
+            self.sock.sendall(
+                _packet(0x10, _string("MQTT") + b"\x04\x02\x00\x00" + _string(client_id))
+            )
+            kind, _body = self.read_packet()
+        except BaseException:
+            self.sock.close()
+            raise
         assert kind == 0x20, hex(kind)
 
     def read_packet(self) -> tuple[int, bytes]:
@@ -195,48 +221,127 @@ class MqttClient:
         self.sock.close()
 
 
-def mosquitto_side(names: list[str], payload: bytes, folder: Path) -> dict[str, float]:
-    """The same retained set in a Mosquitto broker (module docstring)."""
+SBIN = "/usr/sbin:/usr/local/sbin"  # Debian's mosquitto is /usr/sbin/mosquitto, off users' PATH
+STARTUP_S = 600  # the longest a broker may take to start (it loads its whole database first)
+
+
+def mosquitto_binary() -> str | None:
+    return shutil.which("mosquitto") or shutil.which("mosquitto", path=SBIN)
+
+
+def mosquitto_version(binary: str) -> str:
+    """`mosquitto -h` prints "mosquitto version 2.0.11" first (and exits 3)."""
+    out = subprocess.run([binary, "-h"], capture_output=True, text=True, check=False).stdout
+    first = out.splitlines()[0] if out else ""
+    return first.removeprefix("mosquitto version ").strip()
+
+
+class Mosquitto:
+    """One broker process on a config file, its output in a log beside it."""
+
+    def __init__(self, binary: str, conf: Path, port: int) -> None:
+        self.port = port
+        self.log = conf.with_suffix(".log")
+        with self.log.open("ab") as log:
+            self.process = subprocess.Popen(
+                [binary, "-c", str(conf)], stdout=log, stderr=subprocess.STDOUT
+            )
+
+    def connect(self, client_id: str) -> MqttClient:
+        """The first client to get a CONNACK, once the broker listens."""
+        deadline = time.monotonic() + STARTUP_S
+        while True:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"mosquitto exited {self.process.returncode}: {self.tail()}")
+            try:
+                return MqttClient(self.port, client_id)
+            except ConnectionError:  # refused until it listens
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.005)
+
+    def rss_mb(self) -> float:
+        with open(f"/proc/{self.process.pid}/status") as f:
+            kb = next(int(line.split()[1]) for line in f if line.startswith("VmRSS"))
+        return kb / 1024
+
+    def stop(self) -> None:
+        """SIGTERM, on which Mosquitto writes its database file before it exits."""
+        self.process.terminate()
+        self.process.wait(timeout=STARTUP_S)
+        if self.process.returncode != 0 or "Error" in self.log.read_text(errors="replace"):
+            raise RuntimeError(f"mosquitto stopped with {self.process.returncode}: {self.tail()}")
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    def tail(self) -> str:
+        lines = self.log.read_text(errors="replace").splitlines()
+        return " | ".join(lines[-5:])
+
+
+def mosquitto_side(binary: str, names: list[str], payload: bytes, folder: Path) -> dict[str, float]:
+    """The same retained set in a Mosquitto broker, stopped and started again (module
+    docstring). Its seconds, unrounded."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     folder.mkdir()
     conf = folder / "mosquitto.conf"
+    # As root, Mosquitto otherwise switches to the `mosquitto` user, which cannot write into this
+    # root-owned 0700 temp dir: it would run, then fail to save its database.
+    user = "user root\n" if os.geteuid() == 0 else ""
     conf.write_text(
         f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence true\n"
         f"persistence_location {folder}/\nretain_available true\nmax_queued_messages 0\n"
-        "max_queued_bytes 0\n"
+        f"max_queued_bytes 0\n{user}"
     )
-    broker = subprocess.Popen(
-        ["mosquitto", "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
+    db = folder / "mosquitto.db"
+    broker = Mosquitto(binary, conf, port)
     try:
-        for _ in range(100):
-            try:
-                socket.create_connection(("127.0.0.1", port)).close()
-                break
-            except OSError:
-                time.sleep(0.05)
-        publisher = MqttClient(port, "bench-pub")
+        publisher = broker.connect("bench-pub")
         t0 = time.perf_counter()
         publisher.publish_retained(names, payload)
         store_s = time.perf_counter() - t0
         publisher.close()
-        subscriber = MqttClient(port, "bench-sub")
+        subscriber = broker.connect("bench-sub")
         t0 = time.perf_counter()
         seen = subscriber.subscribe_count("#", len(names))
         match_s = time.perf_counter() - t0
         assert seen == len(names), seen
         subscriber.close()
-        with open(f"/proc/{broker.pid}/status") as f:
-            rss_kb = next(int(line.split()[1]) for line in f if line.startswith("VmRSS"))
+        rss = broker.rss_mb()
+
+        t0 = time.perf_counter()
+        broker.stop()
+        stop_s = time.perf_counter() - t0
+        assert db.is_file(), broker.tail()
+        db_bytes = db.stat().st_size
+
+        t0 = time.perf_counter()
+        broker = Mosquitto(binary, conf, port)
+        probe_client = broker.connect("bench-restart")
+        probe_client.subscribe_count(names[0], 1)
+        restart_s = time.perf_counter() - t0
+        probe_client.close()
+        subscriber = broker.connect("bench-sub-again")
+        seen = subscriber.subscribe_count("#", len(names))
+        restart_all_s = time.perf_counter() - t0
+        assert seen == len(names), seen
+        subscriber.close()
+        broker.stop()
     finally:
-        broker.terminate()
-        broker.wait(timeout=60)
+        broker.kill()
     return {
-        "mosquitto_store_per_s": round(len(names) / store_s),
-        "mosquitto_match_all_s": round(match_s, 3),
-        "mosquitto_rss_mb": round(rss_kb / 1024, 1),
+        "store_per_s": len(names) / store_s,
+        "match_all_s": match_s,
+        "rss_mb": rss,
+        "stop_s": stop_s,
+        "db_bytes_per_topic": db_bytes / len(names),
+        "restart_s": restart_s,
+        "restart_all_s": restart_all_s,
     }
 
 
@@ -246,9 +351,19 @@ def main() -> None:
     parser.add_argument("--payload", type=int, default=256)
     parser.add_argument("--page-size", type=int, default=100)
     parser.add_argument("--batch", type=int, default=1, help="writes per store_many call")
-    parser.add_argument("--mosquitto", action="store_true", help="also measure Mosquitto")
+    parser.add_argument("--no-mosquitto", action="store_true", help="measure Relay alone")
     parser.add_argument("--dir", type=Path, default=None, help="parent folder (default: tmp)")
     args = parser.parse_args()
+    binary = None
+    if not args.no_mosquitto:
+        binary = mosquitto_binary()
+        if binary is None:
+            sys.exit(
+                "retained_bench: no mosquitto binary (PATH, /usr/sbin): run bench/setup-peers.sh"
+                " (or pass --no-mosquitto)"
+            )
+    # SIGTERM unwinds like Ctrl-C, so the finally clauses stop the broker and remove the files.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     root = Path(tempfile.mkdtemp(prefix="retained-bench-", dir=args.dir))
     path = root / "retained"
@@ -279,10 +394,26 @@ def main() -> None:
         assert size == args.topics
         store.close()
         disk = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-        mosquitto = mosquitto_side(names, payload, root / "mosquitto") if args.mosquitto else {}
+        peer = mosquitto_side(binary, names, payload, root / "mosquitto") if binary else None
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
+    mosquitto: dict[str, object] = {}
+    if peer is not None:
+        assert binary is not None
+        mosquitto = {
+            "mosquitto_version": mosquitto_version(binary),
+            "mosquitto_store_per_s": round(peer["store_per_s"]),
+            "mosquitto_match_all_s": round(peer["match_all_s"], 3),
+            "mosquitto_rss_mb": round(peer["rss_mb"], 1),
+            "mosquitto_stop_s": round(peer["stop_s"], 3),
+            "mosquitto_db_bytes_per_topic": round(peer["db_bytes_per_topic"]),
+            "mosquitto_restart_s": round(peer["restart_s"], 3),
+            "mosquitto_restart_all_s": round(peer["restart_all_s"], 3),
+            "match_all_ratio_vs_mosquitto": round(reads["match_all_s"] / peer["match_all_s"], 3),
+            "rss_ratio_vs_mosquitto": round(reads["match_all_peak_rss_mb"] / peer["rss_mb"], 3),
+            "restart_ratio_vs_mosquitto": round(restart_s / peer["restart_s"], 3),
+        }
     report.emit(
         {
             "bench": "retained",
