@@ -21,6 +21,8 @@ from relay_streams.retained import (
     RetainedSettings,
     RetainedStore,
     Write,
+    merge_pages,
+    order_key,
 )
 from tests.helpers import kill_when_acked
 
@@ -305,6 +307,55 @@ def test_store_many_is_one_batch_in_order(store: RetainedStore) -> None:
     assert store.check() == []
     assert store.clear_expired(now=NOW + 10**9) == 1
     assert store.check() == []
+
+
+def test_a_write_may_carry_its_own_ts(store: RetainedStore) -> None:
+    store.store_many([Write("t/a", b"1", expiry_interval_s=10, ts=NOW - 5_000)], now=NOW)
+    assert store.read("t/a", now=NOW) == Retained("t/a", b"1", 0, NOW - 5_000, NOW + 5_000)
+    assert store.clear_expired(now=NOW + 5_000) == 1  # expiry counts from the write's ts
+    with pytest.raises(BadInput):
+        store.store_many([Write("t/b", b"1", ts=-1)])
+    assert store.size() == 0
+
+
+@given(st.lists(TOPIC, min_size=1, max_size=30, unique=True))
+@settings(max_examples=40, deadline=None)
+def test_order_key_is_the_stores_order(stored: list[str]) -> None:
+    """Answers of several stores merged by `order_key` come in the order one store gives."""
+    with tempfile.TemporaryDirectory() as tmp, RetainedStore(Path(tmp) / "r") as one:
+        one.store_many([Write(t, b"x") for t in stored])
+        plain = sorted((t for t in stored if not t.startswith("$")), key=order_key)
+        assert topics_of(one.match("#")) == plain
+
+
+@given(
+    st.lists(TOPIC, min_size=0, max_size=40, unique=True),
+    st.integers(1, 4),
+    st.integers(1, 7),
+    st.integers(1, 9),
+)
+@settings(max_examples=80, deadline=None)
+def test_merged_pages_visit_every_topic_once_in_order(
+    stored: list[str], stores: int, limit: int, answer: int
+) -> None:
+    """Topics spread over several stores, each answering at most `answer` items per ask, paged
+    by `merge_pages` with keyset cursors, come once each, in one store's order."""
+    spread = [sorted(stored[i::stores], key=order_key) for i in range(stores)]
+    seen: list[str] = []
+    cursor: bytes | None = None
+    for _ in range(len(stored) + 2):
+        pages = []
+        for topics_here in spread:
+            after = [t for t in topics_here if cursor is None or order_key(t) > cursor]
+            pages.append((after[:answer], len(after) > answer))
+        page, more = merge_pages(pages, limit, lambda t: t)
+        assert len(page) <= limit
+        seen += page
+        if not more:
+            break
+        assert page, "more follow, but the page is empty"
+        cursor = order_key(page[-1])
+    assert seen == sorted(stored, key=order_key)
 
 
 def test_store_many_is_all_or_nothing(tmp_path: Path) -> None:

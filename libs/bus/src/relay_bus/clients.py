@@ -26,6 +26,7 @@ from aiokafka.helpers import create_ssl_context
 from aiokafka.protocol.metadata import MetadataRequest
 from aiokafka.structs import OffsetAndMetadata
 
+from relay_bus import topics
 from relay_bus.config import KafkaSettings
 
 # aiokafka offers no setting for this: every metadata request it sends allows auto-creation.
@@ -79,7 +80,12 @@ def admin_client(settings: KafkaSettings, client_id: str) -> AIOKafkaAdminClient
 def producer(settings: KafkaSettings, client_id: str) -> AIOKafkaProducer:
     # acks=all: a record counts as sent once every in-sync replica has it. linger_ms=2 lets
     # concurrent sends share a request without adding visible latency.
-    return AIOKafkaProducer(**_common(settings, client_id), acks="all", linger_ms=2)
+    return AIOKafkaProducer(
+        **_common(settings, client_id),
+        acks="all",
+        linger_ms=2,
+        max_request_size=topics.MAX_RECORD_BYTES,
+    )
 
 
 def consumer(settings: KafkaSettings, client_id: str, group_id: str | None) -> AIOKafkaConsumer:

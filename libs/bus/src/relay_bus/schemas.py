@@ -238,9 +238,76 @@ class DsRequest(_Request):
     retainer that does not know it yet, so that every retainer accepts the same replica set."""
 
 
+class Publication(_Request):
+    """A publish (`POST /v1/publish`, WebSocket PUBLISH) on the partition of
+    `relay.publications` that owns its topic (`relay_bus.routing.partition_of_topic`). The
+    retainer owning it keeps it when `retain` (an empty payload deletes the topic's retained
+    message) and answers with a `DsReply` once durable; delivery routes it to the live
+    subscribers whose filter matches. A publish that is not retained is not answered."""
+
+    kind: Literal["publication"] = "publication"
+    v: Literal[1] = 1
+    topic: str
+    payload: str
+    """b64u; empty with `retain` deletes the retained message."""
+    ts: int = Field(ge=0)
+    """Unix ms, stamped by the ingress (the retained message's ts)."""
+    retain: bool = False
+    expiry_s: int | None = Field(None, ge=1, le=2**32 - 1)
+    """Seconds until the retained message expires (MQTT 5 Message Expiry Interval)."""
+
+
+class RetainedRequest(_Request):
+    """A read or an admin change of retained messages, answered with a `DsReply`. `read` and
+    `delete` go to the partition owning `topic` (a delete is ordered with that topic's
+    publications); `match` and `size` go to every partition, each retainer answering once per
+    partition it owns with its data on its lowest one."""
+
+    kind: Literal["retained_request"] = "retained_request"
+    v: Literal[1] = 1
+    op: Literal["read", "match", "size", "delete"]
+    topic: str = ""
+    filter: str = ""
+    after: str | None = None
+    """`match`: only topics after this one, in the retained store's topic order."""
+    limit: int = Field(0, ge=0, le=10_000)
+    """`match`: at most this many messages (an answer may stop earlier, by size)."""
+    keys_only: bool = False
+    """`match`: topics only, no payloads (to walk past earlier pages)."""
+
+
+class TopicSubscription(_Record):
+    """An ingress telling delivery that a WebSocket connection subscribed to a topic filter
+    (`add`), no longer does (`remove`), or that every subscription of an inbox slot is gone
+    (`drop_slot`: a new holder took the slot). Sent to every partition of
+    `relay.publications`, so each partition's publications are matched against the
+    subscriptions in force at that point of its log."""
+
+    kind: Literal["topic_sub"] = "topic_sub"
+    v: Literal[1] = 1
+    op: Literal["add", "remove", "drop_slot"]
+    slot: int = Field(ge=0)
+    conn: str = ""
+    filter: str = ""
+
+
+class Fanout(_Record):
+    """From delivery to one ingress instance: a live publication for its connections `conns`
+    (each subscribed to a filter matching `topic`)."""
+
+    kind: Literal["fanout"] = "fanout"
+    v: Literal[1] = 1
+    conns: tuple[str, ...]
+    topic: str
+    payload: str
+    """b64u."""
+    ts: int
+
+
 class DsReply(_Record):
-    """A retainer's answer to a `DsRequest` for one partition; a long answer (many streams)
-    comes in `parts` records, numbered by `part`."""
+    """A retainer's answer to a `DsRequest`, a `RetainedRequest` or a retained `Publication`,
+    for one partition; a long answer (many streams) comes in `parts` records, numbered by
+    `part`."""
 
     kind: Literal["ds_reply"] = "ds_reply"
     v: Literal[1] = 1
@@ -280,6 +347,10 @@ Record = (
     | Epoch
     | DsRequest
     | DsReply
+    | Publication
+    | RetainedRequest
+    | TopicSubscription
+    | Fanout
 )
 """Every record kind; `Reply` the ones an ingress instance waits for."""
 Reply = Ping | AdminReply | QueueReply | DsReply
@@ -298,6 +369,10 @@ _KNOWN_VERSIONS: dict[str, frozenset[int]] = {
     "epoch": frozenset({1}),
     "ds_request": frozenset({1}),
     "ds_reply": frozenset({1}),
+    "publication": frozenset({1}),
+    "retained_request": frozenset({1}),
+    "topic_sub": frozenset({1}),
+    "fanout": frozenset({1}),
 }
 
 ALLOWED_TOPICS: dict[str, frozenset[str]] = {
@@ -317,11 +392,15 @@ ALLOWED_TOPICS: dict[str, frozenset[str]] = {
     "queue_resync": frozenset({topics.QUEUE_COMMANDS}),
     "queue_event": frozenset({topics.QUEUE_EVENTS}),
     "deliver": frozenset({topics.INGRESS_INBOX}),
-    "marker": frozenset({topics.QUEUE_EVENTS}),
+    "marker": frozenset({topics.QUEUE_EVENTS, topics.PUBLICATIONS}),
     "inbox_claim": frozenset({topics.INGRESS_INBOX}),
     "epoch": frozenset({topics.EPOCH}),
     "ds_request": frozenset({topics.PUBLICATIONS}),
     "ds_reply": frozenset({topics.INGRESS_INBOX}),
+    "publication": frozenset({topics.PUBLICATIONS}),
+    "retained_request": frozenset({topics.PUBLICATIONS}),
+    "topic_sub": frozenset({topics.PUBLICATIONS}),
+    "fanout": frozenset({topics.INGRESS_INBOX}),
 }
 
 

@@ -25,6 +25,12 @@ EPOCH = "relay.epoch"
 """One partition; the record at offset 0 names the broker's log epoch (see `relay_bus.bus`)."""
 
 
+MAX_RECORD_BYTES = 2 * 1024 * 1024
+"""Largest record Relay sends (the producer's `max_request_size`, and `max.message.bytes` of
+the topics that carry publications and their answers): a 1 MiB retained payload travels
+base64-encoded in one record, ~1.4 MB with its topic."""
+
+
 @dataclass(frozen=True)
 class TopicSpec:
     name: str
@@ -38,9 +44,13 @@ def topic_specs(settings: KafkaSettings) -> list[TopicSpec]:
     return [
         TopicSpec(QUEUE_COMMANDS, keyed),
         TopicSpec(QUEUE_EVENTS, keyed),
-        TopicSpec(PUBLICATIONS, keyed),
+        TopicSpec(PUBLICATIONS, keyed, {"max.message.bytes": str(MAX_RECORD_BYTES)}),
         TopicSpec(REPLICATION, keyed),
         # Replies are useless once their request timed out: an hour bounds the inbox.
-        TopicSpec(INGRESS_INBOX, settings.inbox_partitions, {"retention.ms": "3600000"}),
+        TopicSpec(
+            INGRESS_INBOX,
+            settings.inbox_partitions,
+            {"retention.ms": "3600000", "max.message.bytes": str(MAX_RECORD_BYTES)},
+        ),
         TopicSpec(EPOCH, 1),
     ]

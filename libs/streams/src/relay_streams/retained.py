@@ -24,14 +24,15 @@ Invariants:
 
 from __future__ import annotations
 
+import heapq
 import json
 import struct
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from rocksdict import Options, Rdict, ReadOptions, WriteBatch, WriteOptions
 
@@ -48,6 +49,8 @@ VALUE_FORMAT = 1
 SEP = b"\x00"
 _U64 = struct.Struct(">Q")
 _HEAD = struct.Struct(">BQQB")  # format, ts, expires_at, qos
+
+T = TypeVar("T")
 
 _SYNC = WriteOptions()
 _SYNC.sync = True
@@ -81,6 +84,8 @@ class Write:
     qos: int = 0
     expiry_interval_s: int | None = None
     """Seconds until the message expires (MQTT 5 Message Expiry Interval); None: never."""
+    ts: int | None = None
+    """The message's Unix ms (expiry counts from it); None: the call's `now`."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +106,34 @@ def now_ms() -> int:
 
 def topic_key(levels: Levels) -> bytes:
     return MESSAGES + SEP.join(level.encode() for level in levels)
+
+
+def order_key(topic: str) -> bytes:
+    """What orders topics in this store (`match`, `page`, cursors): merging the answers of
+    several stores by this key gives the order one store would have. `TopicError` if invalid."""
+    return topic_key(topics.parse_topic(topic))
+
+
+def merge_pages(
+    pages: Sequence[tuple[Sequence[T], bool]], limit: int, topic_of: Callable[[T], str]
+) -> tuple[list[T], bool]:
+    """One page of at most `limit` items from the pages of several stores, in the order one
+    store holding them all would give, and whether more follow. Each page is in `order_key`
+    order and says whether its store has more after its last item; an item is taken only if
+    no store that stopped early could still hold an earlier one, so paging on from the last
+    item taken (keyset) visits every item once. Cost: O(total items * log stores)."""
+    keyed = [[(order_key(topic_of(item)), item) for item in items] for items, _more in pages]
+    bound = min(
+        (page[-1][0] for page, (_items, more) in zip(keyed, pages, strict=True) if more and page),
+        default=None,
+    )
+    more = any(more for _items, more in pages)
+    taken: list[T] = []
+    for key, item in heapq.merge(*keyed, key=lambda pair: pair[0]):
+        if len(taken) == limit or (bound is not None and key > bound):
+            return taken, True
+        taken.append(item)
+    return taken, more
 
 
 def _decode_value(topic: str, raw: bytes) -> Retained:
@@ -282,9 +315,10 @@ class RetainedStore:
                         "refused, no write of the call applied"
                     )
                 expiry = write.expiry_interval_s
-                expires_at = None if expiry is None else ts + expiry * 1000
+                at = ts if write.ts is None else write.ts
+                expires_at = None if expiry is None else at + expiry * 1000
                 value = _encode_value(
-                    Retained(write.topic, write.payload, write.qos, ts, expires_at)
+                    Retained(write.topic, write.payload, write.qos, at, expires_at)
                 )
                 batch.put(key, value)
                 if expires_at is not None:
@@ -317,7 +351,12 @@ class RetainedStore:
             not isinstance(expiry, int) or isinstance(expiry, bool) or not 0 < expiry < 1 << 32
         ):
             raise BadInput(f"expiry_interval_s must be in 1..2**32-1, got {expiry!r}")
-        return topic_key(levels), levels, Write(write.topic, payload, qos, expiry)
+        at = write.ts
+        if at is not None and (
+            not isinstance(at, int) or isinstance(at, bool) or not 0 <= at < 1 << 53
+        ):
+            raise BadInput(f"ts must be in 0..2**53-1, got {at!r}")
+        return topic_key(levels), levels, Write(write.topic, payload, qos, expiry, at)
 
     def delete(self, topic: str) -> bool:
         """Forget the topic's retained message; whether there was one. Durable when it returns.

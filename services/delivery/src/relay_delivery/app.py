@@ -1,8 +1,9 @@
-"""Delivery: consumes queue events in a consumer group and pushes deliveries to the ingress
-instance that holds each subscriber's connection.
+"""Delivery: consumes queue events and publications in consumer groups and pushes deliveries
+(queue messages, live publications) to the ingress instance that holds each subscriber's
+connection.
 
 Wiring only: settings, Redis, the bus and its consumers, probe routes. Domain logic lives in
-`relay_queues.delivery`.
+`relay_queues.delivery` and `relay_routes.filters`.
 """
 
 from __future__ import annotations
@@ -15,14 +16,17 @@ from relay_bus import ping, topics
 from relay_bus.bus import Bus
 from relay_bus.config import KafkaSettings
 from relay_bus.lifecycle import BusLifecycle
+from relay_delivery.publications import LivePublications
 from relay_delivery.pushes import Pushes
 from relay_routes import subscriptions
+from relay_routes.topic_subscriptions import TopicSubscriptions
 from relay_runtime import settings
 from relay_runtime.probes import probe_routes
 from relay_runtime.readiness import Readiness
 
 SERVICE = "delivery"
 GROUP = "relay.delivery"
+PUBLICATIONS_GROUP = "relay.delivery.publications"
 
 
 class DeliverySettings(settings.ServiceSettings):
@@ -45,6 +49,16 @@ def build(config: DeliverySettings) -> tuple[FastAPI, BusLifecycle]:
         group_id=GROUP,
         start_offsets=pushes.start_offsets,
         on_revoked=pushes.revoked,
+    )
+    live = LivePublications(
+        bus, TopicSubscriptions(redis), config.kafka.inbox_partitions, config.instance
+    )
+    bus.consumer(
+        topics.PUBLICATIONS,
+        live.handle,
+        group_id=PUBLICATIONS_GROUP,
+        start_offsets=live.start_offsets,
+        on_revoked=live.revoked,
     )
 
     async def connect_redis() -> None:

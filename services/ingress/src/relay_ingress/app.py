@@ -13,12 +13,13 @@ from relay_bus import topics
 from relay_bus.bus import Bus
 from relay_bus.config import KafkaSettings
 from relay_bus.lifecycle import BusLifecycle
-from relay_ingress import admin, ds, ds_admin, errors, queues, websocket
+from relay_ingress import admin, ds, ds_admin, errors, queues, retained, websocket
 from relay_ingress.connections import Connections, Limits
 from relay_ingress.context import Context
 from relay_ingress.inbox import Inbox
 from relay_routes import subscriptions
 from relay_routes.subscriptions import Subscriptions
+from relay_routes.topic_subscriptions import TopicSubscriptions
 from relay_runtime import settings
 from relay_runtime.probes import probe_routes
 from relay_runtime.readiness import Readiness
@@ -52,6 +53,11 @@ class IngressSettings(settings.ServiceSettings):
     ds_max_batch_bytes: int = Field(524_288, ge=1024, le=700_000)  # bytes
     """Topic and decoded payload bytes one durable-stream batch may carry (TOO_LARGE beyond):
     each part travels as one Kafka record, base64 included, under the 1 MiB record limit."""
+    max_publish_bytes: int = Field(1 << 20, ge=1, le=1 << 20)
+    """Largest publish payload accepted, decoded (TOO_LARGE beyond; MQTT brokers' usual 1 MiB)."""
+    publish_per_s: int = Field(1000, ge=1)
+    """Publishes one client address may make per second, over every ingress instance
+    (RATE_LIMITED beyond)."""
     admin_timeout_s: float = Field(30.0, gt=0, le=600)
     """How long admin requests to every queue-writer (`/admin/dump`) wait for all answers."""
 
@@ -67,7 +73,9 @@ def build(config: IngressSettings) -> tuple[FastAPI, BusLifecycle]:
         max_frame_bytes=config.ws_max_frame_bytes,
         commands_in_flight=config.ws_commands_in_flight,
     )
-    connections = Connections(bus, Subscriptions(redis), config.kafka.partitions, limits)
+    connections = Connections(
+        bus, Subscriptions(redis), config.kafka.partitions, limits, TopicSubscriptions(redis)
+    )
     inbox = Inbox(
         redis,
         bus,
@@ -75,20 +83,26 @@ def build(config: IngressSettings) -> tuple[FastAPI, BusLifecycle]:
         config.kafka.inbox_partitions,
         readiness,
         deliver=connections.deliver,
+        fanout=connections.fanout,
         retaken=connections.register_all,
     )
 
     async def lease_inbox() -> None:
         await subscriptions.wait_for_redis(redis, str(config.redis_url), config.startup_timeout_s)
         slot = await inbox.lease()
-        connections.slot = slot
+        await connections.claim_slot(slot)
         bus.consumer(
             topics.INGRESS_INBOX,
             inbox.handle,
             group_id=None,
             partitions=[slot],
-            start_offsets=inbox.claim_offsets,
+            start_offsets=claim_offsets,
         )
+
+    async def claim_offsets(partitions: list[int]) -> dict[int, int]:
+        offsets = await inbox.claim_offsets(partitions)
+        await connections.forget_stale()
+        return offsets
 
     async def close_redis() -> None:
         await inbox.release()
@@ -109,6 +123,8 @@ def build(config: IngressSettings) -> tuple[FastAPI, BusLifecycle]:
     app.include_router(admin.router)
     app.include_router(ds.router)
     app.include_router(ds_admin.router)
+    app.include_router(retained.router)
+    app.include_router(retained.admin_router)
     lifecycle = BusLifecycle(
         bus, config.startup_timeout_s, before_start=(lease_inbox,), after_stop=(close_redis,)
     )

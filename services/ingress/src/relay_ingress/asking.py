@@ -39,9 +39,12 @@ def _routing(ctx: Context, wait_s: float) -> Routing:
     )
 
 
+RetainerRequest = schemas.DsRequest | schemas.RetainedRequest | schemas.Publication
+
+
 async def _one_reply(
     ctx: Context,
-    request: schemas.Ping | schemas.QueueCommand | schemas.DsRequest,
+    request: schemas.Ping | schemas.QueueCommand | RetainerRequest,
     topic: str,
     *,
     wait_s: float,
@@ -132,15 +135,20 @@ async def command(ctx: Context, partition: int, wait_s: float, **fields: Any) ->
     return reply
 
 
-async def retainer(ctx: Context, partition: int, **fields: Any) -> schemas.DsReply:
-    """Send a durable-stream request to the retainer owning `partition` of
-    `relay.publications` and wait for its answer; a refusal is raised as the API error it
-    names. 503 when no answer comes within the request timeout (the request expires unapplied
-    at the retainer)."""
+async def retainer(
+    ctx: Context,
+    partition: int,
+    record: type[RetainerRequest] = schemas.DsRequest,
+    **fields: Any,
+) -> schemas.DsReply:
+    """Send a request (`record`: durable streams by default) to the retainer owning
+    `partition` of `relay.publications` and wait for its answer; a refusal is raised as the
+    API error it names. 503 when no answer comes within the request timeout (the request
+    expires unapplied at the retainer)."""
     wait_s = ctx.config.request_timeout_s
     reply = await _one_reply(
         ctx,
-        schemas.DsRequest(**_routing(ctx, wait_s), **fields),
+        record(**_routing(ctx, wait_s), **fields),
         topics.PUBLICATIONS,
         wait_s=wait_s,
         timeout_detail=f"no answer within {wait_s:g} s from the retainer of partition "
@@ -152,14 +160,25 @@ async def retainer(ctx: Context, partition: int, **fields: Any) -> schemas.DsRep
     return reply
 
 
-async def every_retainer(ctx: Context, **fields: Any) -> list[schemas.DsReply]:
-    """Send one copy of a durable-stream request to every partition of `relay.publications`
-    and wait until each has been answered in full (all its parts) by its owner; returns every
-    reply in (partition, part) order. The first refusal (in partition order) is raised as the
-    API error it names."""
+async def post_publication(ctx: Context, partition: int, **fields: Any) -> None:
+    """Send a publication that nobody answers (not retained): done once Kafka has it."""
+    wait_s = ctx.config.request_timeout_s
+    request = schemas.Publication(**_routing(ctx, wait_s), **fields)
+    await ctx.bus.send(topics.PUBLICATIONS, request, partition=partition)
+
+
+async def every_retainer(
+    ctx: Context,
+    record: type[schemas.DsRequest | schemas.RetainedRequest] = schemas.DsRequest,
+    **fields: Any,
+) -> list[schemas.DsReply]:
+    """Send one copy of a request (`record`: durable streams by default) to every partition of
+    `relay.publications` and wait until each has been answered in full (all its parts) by its
+    owner; returns every reply in (partition, part) order. The first refusal (in partition
+    order) is raised as the API error it names."""
     wait_s = ctx.config.request_timeout_s
     routing = _routing(ctx, wait_s)
-    request = schemas.DsRequest(**routing, **fields)
+    request = record(**routing, **fields)
     partitions = ctx.config.kafka.partitions
     replies = ctx.inbox.expect(request.id)
     got: dict[int, dict[int, schemas.DsReply]] = {}

@@ -9,7 +9,11 @@ Invariants:
 - frames to one connection are written one at a time, in the order they were queued;
 - connections per client address and frames per second per connection are bounded; the
   subscriptions of a closed connection are removed from Redis (if still its own) and delivery
-  is told.
+  is told;
+- a live publication reaches a connection once however many of its filters match, and not
+  before the retained messages of a filter it matches have been pushed (it waits for them);
+  every topic filter change is written to Redis before delivery is told, on every partition
+  of `relay.publications`.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ from relay_bus import schemas, topics
 from relay_bus.bus import Bus
 from relay_queues import ids
 from relay_routes.subscriptions import Subscriptions
+from relay_routes.topic_subscriptions import TopicSubscriptions
+from relay_streams import topics as topic_rules
 
 log = structlog.get_logger(__name__)
 
@@ -69,6 +75,14 @@ class Subscription:
     last_acked: str | None = None
 
 
+@dataclass
+class TopicFilter:
+    levels: topic_rules.Levels
+    ready: bool = False
+    """Its retained messages have been pushed; before that, live ones wait in `waiting`."""
+    waiting: list[dict[str, Any]] = field(default_factory=list)
+
+
 class Connection:
     def __init__(self, ws: WebSocket, address: str, limits: Limits) -> None:
         self.id = secrets.token_urlsafe(12)
@@ -77,21 +91,35 @@ class Connection:
         self.bucket = Bucket(limits.frames_per_s, limits.frame_burst)
         self.commands = asyncio.Semaphore(limits.commands_in_flight)
         self.subscriptions: dict[str, Subscription] = {}
+        self.filters: dict[str, TopicFilter] = {}
         self._out: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+        self._written = asyncio.Event()
+        """Set after each frame written (or when the writer stops)."""
         self._writer = asyncio.create_task(self._write(), name=f"ws-{self.id}")
 
     def queue_frame(self, frame: dict[str, Any]) -> None:
         self._out.put_nowait(frame)
 
+    async def backlog_below(self, frames: int) -> None:
+        """Wait until fewer than `frames` frames wait to be written (back-pressure for long
+        retained streams: a slow reader holds one page, not all of them)."""
+        while self._out.qsize() >= frames and not self._writer.done():
+            self._written.clear()
+            await self._written.wait()
+
     async def _write(self) -> None:
-        while (frame := await self._out.get()) is not None:
-            if self.ws.application_state is not WebSocketState.CONNECTED:
-                continue
-            try:
-                await self.ws.send_text(json.dumps(frame, separators=(",", ":")))
-            except Exception as error:
-                log.debug("ws_write_failed", error=str(error))
-                return
+        try:
+            while (frame := await self._out.get()) is not None:
+                self._written.set()
+                if self.ws.application_state is not WebSocketState.CONNECTED:
+                    continue
+                try:
+                    await self.ws.send_text(json.dumps(frame, separators=(",", ":")))
+                except Exception as error:
+                    log.debug("ws_write_failed", error=str(error))
+                    return
+        finally:
+            self._written.set()
 
     async def close_writer(self) -> None:
         self._out.put_nowait(None)
@@ -100,13 +128,20 @@ class Connection:
 
 class Connections:
     def __init__(
-        self, bus: Bus, subscriptions: Subscriptions, partitions: int, limits: Limits
+        self,
+        bus: Bus,
+        subscriptions: Subscriptions,
+        partitions: int,
+        limits: Limits,
+        topic_subscriptions: TopicSubscriptions,
     ) -> None:
         self.bus = bus
         self.subscriptions = subscriptions
+        self.topic_subscriptions = topic_subscriptions
         self.partitions = partitions
         self.limits = limits
         self.slot: int | None = None
+        self._stale_dropped = False
         self._open: dict[str, Connection] = {}
         self._per_address: Counter[str] = Counter()
 
@@ -126,6 +161,8 @@ class Connections:
             del self._per_address[conn.address]
         for queue in list(conn.subscriptions):
             await self.unsubscribe(conn, queue)
+        for topic_filter in list(conn.filters):
+            await self.unsubscribe_topic(conn, topic_filter)
         await conn.close_writer()
 
     # -- subscriptions ---------------------------------------------------------------------
@@ -180,6 +217,86 @@ class Connections:
             for conn in self._open.values()
             for queue in conn.subscriptions
         )
+        await self.topic_subscriptions.register_all(
+            slot, ((conn.id, f) for conn in self._open.values() for f in conn.filters)
+        )
+
+    # -- topic subscriptions -----------------------------------------------------------------
+
+    async def _tell_every_partition(self, change: schemas.TopicSubscription) -> None:
+        await asyncio.gather(
+            *(
+                self.bus.send(topics.PUBLICATIONS, change, partition=p)
+                for p in range(self.partitions)
+            )
+        )
+
+    async def claim_slot(self, slot: int) -> None:
+        """This instance took `slot` (before Kafka is up): whatever topic subscriptions an
+        earlier holder left are stale; forget them in Redis (`forget_stale` tells delivery)."""
+        self.slot = slot
+        await self.topic_subscriptions.drop_slot(slot)
+
+    async def forget_stale(self) -> None:
+        """Tell delivery to drop the slot's subscriptions, once, before this instance makes
+        any: called when the inbox consumer first starts reading."""
+        if self.slot is not None and not self._stale_dropped:
+            await self._tell_every_partition(
+                schemas.TopicSubscription(op="drop_slot", slot=self.slot)
+            )
+            self._stale_dropped = True
+
+    async def subscribe_topic(
+        self, conn: Connection, topic_filter: str, levels: topic_rules.Levels
+    ) -> None:
+        """Route live publications matching the filter to `conn` (held until `topic_ready`).
+        Subscribing again to a filter starts it over (its retained messages come again)."""
+        assert self.slot is not None
+        conn.filters[topic_filter] = TopicFilter(levels)
+        await self.topic_subscriptions.add(self.slot, conn.id, topic_filter)
+        change = schemas.TopicSubscription(
+            op="add", slot=self.slot, conn=conn.id, filter=topic_filter
+        )
+        await self._tell_every_partition(change)
+
+    def topic_ready(self, conn: Connection, topic_filter: str) -> None:
+        """The filter's retained messages are pushed: send the live ones that waited."""
+        found = conn.filters.get(topic_filter)
+        if found is not None and not found.ready:
+            found.ready = True
+            for frame in found.waiting:
+                conn.queue_frame(frame)
+            found.waiting.clear()
+
+    async def unsubscribe_topic(self, conn: Connection, topic_filter: str) -> bool:
+        """Whether `conn` held the filter."""
+        if conn.filters.pop(topic_filter, None) is None or self.slot is None:
+            return False
+        await self.topic_subscriptions.remove(self.slot, conn.id, topic_filter)
+        change = schemas.TopicSubscription(
+            op="remove", slot=self.slot, conn=conn.id, filter=topic_filter
+        )
+        await self._tell_every_partition(change)
+        return True
+
+    async def fanout(self, record: schemas.Fanout) -> None:
+        frame: dict[str, Any] = {
+            "type": "PUBLISH",
+            "topic": record.topic,
+            "payload": record.payload,
+            "ts": record.ts,
+            "retained": False,
+        }
+        levels = tuple(record.topic.split("/"))
+        for conn_id in record.conns:
+            conn = self._open.get(conn_id)
+            if conn is None:
+                continue
+            matching = [f for f in conn.filters.values() if topic_rules.matches(f.levels, levels)]
+            if any(f.ready for f in matching):
+                conn.queue_frame(frame)
+            elif matching:
+                matching[0].waiting.append(frame)
 
     # -- frames from delivery --------------------------------------------------------------
 

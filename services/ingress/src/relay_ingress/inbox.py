@@ -42,6 +42,7 @@ class Inbox:
         readiness: Readiness,
         *,
         deliver: Callable[[schemas.Deliver], Awaitable[None]],
+        fanout: Callable[[schemas.Fanout], Awaitable[None]],
         retaken: Callable[[], Awaitable[None]],
     ) -> None:
         self.redis = redis
@@ -50,6 +51,7 @@ class Inbox:
         self.slots = slots
         self.readiness = readiness
         self.deliver = deliver
+        self.fanout = fanout
         self.retaken = retaken
         """Called when the lease was lost and taken back: Redis may have lost routing state."""
         self.slot: int | None = None
@@ -104,6 +106,8 @@ class Inbox:
         reply = received.record
         if isinstance(reply, schemas.Deliver):
             await self.deliver(reply)
+        elif isinstance(reply, schemas.Fanout):
+            await self.fanout(reply)
         elif isinstance(reply, schemas.Reply) and reply.origin == self.instance:
             waiting = self._waiting.get(reply.id)
             if waiting is not None:

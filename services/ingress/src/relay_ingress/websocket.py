@@ -1,4 +1,5 @@
-"""`/v1/ws` (API.md WebSocket): SUB and ACK over text frames, MSG and END pushed.
+"""`/v1/ws` (API.md WebSocket): SUB and ACK over text frames, MSG and END pushed; SUBSCRIBE,
+UNSUBSCRIBE and PUBLISH for topics, PUBLISH frames pushed (retained ones first).
 
 Invariants:
 - every client frame gets exactly one reply `{"id", "ok": true}` or `{"id", "ok": false,
@@ -7,7 +8,11 @@ Invariants:
 - a refused command changes nothing (checks before the queue-writer, signature at it);
 - SUB is replay-protected: a signature already used within the timestamp window is refused, so
   a captured SUB cannot take a queue over;
-- commands of one connection run concurrently (up to a bound), replies carry their ids.
+- commands of one connection run concurrently (up to a bound), replies carry their ids;
+- after a SUBSCRIBE's `ok`, every retained message matching its filter is pushed (in topic
+  order, one page at a time as the client reads) before any live publication it matches; if
+  the retained read fails midway, an `ERROR` frame naming the filter says so and live
+  publications follow.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from relay_ingress import asking
+from relay_ingress import asking, retained
 from relay_ingress.connections import Connection, Connections
 from relay_ingress.context import Context, Ctx
 from relay_ingress.errors import ApiError
@@ -59,15 +64,42 @@ class AckCmd(_Command):
     sig: str
 
 
+TopicFilter = Annotated[str, Field(min_length=1)]
+
+
+class Subscribe(_Command):
+    cmd: Literal["SUBSCRIBE"]
+    filter: TopicFilter
+
+
+class Unsubscribe(_Command):
+    cmd: Literal["UNSUBSCRIBE"]
+    filter: TopicFilter
+
+
+class PublishCmd(_Command):
+    cmd: Literal["PUBLISH"]
+    topic: str = Field(min_length=1)
+    payload: str
+    retain: bool = False
+    expiry_s: int | None = None
+
+
+Command = Sub | AckCmd | Subscribe | Unsubscribe | PublishCmd
+COMMANDS = ("SUB", "ACK", "SUBSCRIBE", "UNSUBSCRIBE", "PUBLISH")
+RETAINED_BACKLOG = 1000
+"""Frames a connection may have waiting before the retained stream waits for the client."""
+
+
 class _Frame(BaseModel):
-    command: Annotated[Sub | AckCmd, Field(discriminator="cmd")]
+    command: Annotated[Command, Field(discriminator="cmd")]
 
 
 def _error(frame_id: object, code: str, detail: str) -> dict[str, Any]:
     return {"id": frame_id, "ok": False, "error": code, "detail": detail}
 
 
-def _parse(text: str) -> tuple[object, Sub | AckCmd | dict[str, Any]]:
+def _parse(text: str) -> tuple[object, Command | dict[str, Any]]:
     """The frame's id and its command, or its id and the error reply."""
     try:
         raw = json.loads(text)
@@ -78,7 +110,7 @@ def _parse(text: str) -> tuple[object, Sub | AckCmd | dict[str, Any]]:
     frame_id = raw.get("id")
     if not isinstance(frame_id, str | int) or isinstance(frame_id, bool):
         frame_id = None
-    if raw.get("cmd") not in ("SUB", "ACK"):
+    if raw.get("cmd") not in COMMANDS:
         return frame_id, _error(frame_id, "BAD_REQUEST", f"unknown command {raw.get('cmd')!r}")
     try:
         return frame_id, _Frame(command=raw).command
@@ -100,7 +132,10 @@ class Session:
         self.conn = conn
         self.connections: Connections = ctx.connections
 
-    async def run(self, command: Sub | AckCmd) -> None:
+    async def run(self, command: Command) -> None:
+        if isinstance(command, Subscribe | Unsubscribe | PublishCmd):
+            await self._topic_command(command)
+            return
         try:
             reply = await self._command(command)
         except ApiError as error:
@@ -113,6 +148,62 @@ class Session:
             self.connections.subscribed(self.conn, command.queue, reply)
         else:
             self.conn.queue_frame(reply)
+
+    async def _topic_command(self, command: Subscribe | Unsubscribe | PublishCmd) -> None:
+        ctx, conn = self.ctx, self.conn
+        try:
+            if isinstance(command, PublishCmd):
+                await retained.publish(
+                    ctx,
+                    conn.address,
+                    command.topic,
+                    command.payload,
+                    command.retain,
+                    command.expiry_s,
+                )
+            elif isinstance(command, Unsubscribe):
+                await self.connections.unsubscribe_topic(conn, command.filter)
+            else:
+                levels = retained.parse_filter(command.filter)
+                await self.connections.subscribe_topic(conn, command.filter, levels)
+        except ApiError as error:
+            if isinstance(command, Subscribe):
+                await self.connections.unsubscribe_topic(conn, command.filter)
+            conn.queue_frame(_error(command.id, error.code, error.detail))
+            return
+        except RedisError:
+            conn.queue_frame(_error(command.id, "UNAVAILABLE", "routing state unavailable; retry"))
+            return
+        conn.queue_frame({"id": command.id, "ok": True})
+        if isinstance(command, Subscribe):
+            await self._push_retained(command.filter)
+
+    async def _push_retained(self, topic_filter: str) -> None:
+        conn = self.conn
+        try:
+            async for page in retained.retained_pages(self.ctx, topic_filter):
+                for message in page:
+                    conn.queue_frame(
+                        {
+                            "type": "PUBLISH",
+                            "topic": message["topic"],
+                            "payload": message["payload"],
+                            "ts": message["ts"],
+                            "retained": True,
+                        }
+                    )
+                await conn.backlog_below(RETAINED_BACKLOG)
+        except ApiError as error:
+            conn.queue_frame(
+                {
+                    "type": "ERROR",
+                    "filter": topic_filter,
+                    "error": error.code,
+                    "detail": f"retained messages incomplete: {error.detail}",
+                }
+            )
+        finally:
+            self.connections.topic_ready(conn, topic_filter)
 
     async def _command(self, command: Sub | AckCmd) -> dict[str, Any]:
         try:

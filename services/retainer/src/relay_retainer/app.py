@@ -1,8 +1,9 @@
 """Retainer: keeps retained messages and durable streams for the publication partitions it owns
 (instance k of n owns partitions p with p mod n == k).
 
-Wiring only: settings, the bus and its consumers, the stream store's lifecycle, probe routes.
-Request handling lives in `relay_retainer.ds`, the store in `relay_streams`.
+Wiring only: settings, the bus and its consumers, the stores' lifecycles, probe routes.
+Request handling lives in `relay_retainer.ds` (durable streams) and `relay_retainer.retained`
+(retained messages), the stores in `relay_streams`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from relay_bus.config import KafkaSettings
 from relay_bus.consumers import Received
 from relay_bus.lifecycle import BusLifecycle
 from relay_retainer.ds import DsRequests
+from relay_retainer.retained import RetainedHost, RetainedRequests, RetainedServiceSettings
 from relay_retainer.streams import StreamHost, StreamSettings
 from relay_runtime import ownership, settings
 from relay_runtime.probes import probe_routes
@@ -30,6 +32,7 @@ class RetainerSettings(settings.ServiceSettings):
     kafka: KafkaSettings = KafkaSettings()
     data: settings.DataSettings = settings.DataSettings(dir=Path("./var/retainer"))
     streams: StreamSettings = StreamSettings()
+    retained: RetainedServiceSettings = RetainedServiceSettings()
 
 
 def build(config: RetainerSettings) -> tuple[FastAPI, BusLifecycle]:
@@ -41,25 +44,32 @@ def build(config: RetainerSettings) -> tuple[FastAPI, BusLifecycle]:
     owned = ownership.owned_partitions(config.kafka.partitions, ordinal, replicas)
     host = StreamHost(config.data.dir / "streams", config.instance, config.streams, readiness)
     ds = DsRequests(bus, host, config.instance, owned, config.kafka.partitions)
+    retained_host = RetainedHost(config.data.dir / "retained", config.retained, readiness)
+    retained = RetainedRequests(bus, retained_host, config.instance, owned, config.kafka.partitions)
 
     async def handle(received: Received) -> None:
-        if isinstance(received.record, schemas.DsRequest):
-            await ds.handle(received, received.record)
-        else:
+        record = received.record
+        if isinstance(record, schemas.DsRequest):
+            await ds.handle(received, record)
+        elif isinstance(record, schemas.Publication | schemas.RetainedRequest):
+            retained.handle(record, received.partition)
+        elif isinstance(record, schemas.Ping):
             await forward(received)
+        # topic subscriptions and delivery's markers share the topic: not for the retainer
 
     bus.consumer(topics.PUBLICATIONS, handle, group_id=GROUP, partitions=owned)
 
     async def open_data_dir() -> None:
         ownership.claim_data_dir(config.data.dir, SERVICE, ordinal, replicas)
         await host.open()
+        await retained_host.open()
 
     app = FastAPI(title="Relay retainer", routes=probe_routes(readiness))
     lifecycle = BusLifecycle(
         bus,
         config.startup_timeout_s,
         before_start=(open_data_dir,),
-        drain=(ds.drain, host.stop_writing),
-        after_stop=(host.close,),
+        drain=(ds.drain, retained.drain, host.stop_writing, retained_host.stop_writing),
+        after_stop=(host.close, retained_host.close),
     )
     return app, lifecycle

@@ -1,0 +1,349 @@
+"""Topics and retained messages (API.md): publish, the retained reads, and the admin retained
+endpoints; `publish` and `retained_pages` are shared with the WebSocket's PUBLISH and SUBSCRIBE.
+
+Routing: a topic lives with the retainer owning `partition_of_topic(topic)`; a publish goes
+to that partition, where the retainer keeps it (when retained) and delivery routes it to live
+subscribers. Reads of one topic go to its partition; filter reads, pages and sizes ask every
+partition and merge the answers in the retained store's topic order (`merge_pages`), so a
+cursor (the last topic returned) makes the next page cost what the first one cost.
+
+Invariants:
+- nothing reaches Kafka before a request is well-formed (topic, filter, payload base64 and
+  size, expiry, cursor) and within the publish rate, so a refused request changes nothing;
+- a retained publish is answered only once its retainer says it is durable; a publish that
+  is not retained once Kafka has it;
+- a page holds each retained topic at most once, in topic order, and paging on with its
+  cursor visits every topic retained throughout exactly once.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request, Response
+from pydantic import BaseModel, ConfigDict, Field
+from redis.exceptions import RedisError
+
+from relay_bus import routing, schemas
+from relay_ingress import asking
+from relay_ingress.admin import Admin
+from relay_ingress.context import Context, Ctx
+from relay_ingress.errors import ApiError, documented
+from relay_queues import ids
+from relay_streams import topics
+from relay_streams.retained import merge_pages, order_key
+
+router = APIRouter(tags=["topics"], responses=documented(400, 503))
+admin_router = APIRouter(prefix="/admin", tags=["admin"], responses=documented(400, 403, 503))
+
+B64U_PATTERN = r"^(?:[A-Za-z0-9_-]{4})*(?:[A-Za-z0-9_-]{2,3})?$"
+MAX_EXPIRY_S = 2**32 - 1
+MAX_LIMIT = 1000
+ADMIN_SKIP_CHUNK = 1000
+"""Topics per ask while an admin page walks past earlier pages (no cursor given)."""
+
+
+class NewPublication(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    topic: str = Field(pattern=topics.TOPIC_PATTERN, description="topic name (no wildcards)")
+    payload: str = Field(pattern=B64U_PATTERN, description="b64u payload (empty: delete)")
+    retain: bool = False
+    expiry_s: int | None = Field(None, ge=1, le=MAX_EXPIRY_S)
+    """Seconds until the retained message expires (MQTT 5 Message Expiry Interval)."""
+
+
+class Published(BaseModel):
+    ts: int
+
+
+class RetainedMessage(BaseModel):
+    topic: str
+    payload: str
+    ts: int
+    expires_at: int | None
+
+
+class RetainedPage(BaseModel):
+    messages: list[RetainedMessage]
+    cursor: str | None
+    """Pass it back as `cursor` for the next page; null once there is none."""
+
+
+class RetainedSize(BaseModel):
+    size: int
+
+
+class PageMeta(BaseModel):
+    page: int
+    limit: int
+    hasnext: bool
+    count: int
+    """Retained topics (expired ones not yet cleared included)."""
+    cursor: str | None = None
+    """Addition to API.md: the next page's `cursor` (a page given by cursor costs what page 1
+    costs; by number, the walk past the earlier pages)."""
+
+
+class AdminPage(BaseModel):
+    data: list[RetainedMessage]
+    meta: PageMeta
+
+
+def _bad(detail: str) -> ApiError:
+    return ApiError(400, "BAD_REQUEST", detail)
+
+
+def _topic(text: str) -> str:
+    try:
+        topics.parse_topic(text)
+    except topics.TopicError as error:
+        raise _bad(f"topic: {error}") from None
+    return text
+
+
+def parse_filter(text: str) -> topics.Levels:
+    try:
+        return topics.parse_filter(text)
+    except topics.TopicError as error:
+        raise _bad(f"filter: {error}") from None
+
+
+def encode_cursor(topic: str) -> str:
+    return base64.urlsafe_b64encode(topic.encode()).rstrip(b"=").decode()
+
+
+def decode_cursor(text: str) -> str:
+    try:
+        topic = ids.unb64u(text).decode()
+        topics.parse_topic(topic)
+    except (ValueError, topics.TopicError):
+        raise _bad("cursor: not a cursor this API returned") from None
+    return topic
+
+
+async def _rate_limited(ctx: Context, address: str) -> None:
+    """At most `publish_per_s` publishes per client address per second, across every ingress
+    instance (a Redis counter per address and second)."""
+    key = f"relay:rate:publish:{address}:{int(time.time())}"
+    try:
+        async with ctx.redis.pipeline(transaction=False) as pipe:
+            pipe.incr(key)
+            pipe.expire(key, 2)
+            count, _ = await pipe.execute()
+    except RedisError:
+        raise ApiError(503, "UNAVAILABLE", "rate limit state unavailable; retry") from None
+    if count > ctx.config.publish_per_s:
+        raise ApiError(429, "RATE_LIMITED", f"over {ctx.config.publish_per_s} publishes/s")
+
+
+async def publish(
+    ctx: Context,
+    address: str,
+    topic: str,
+    payload: str,
+    retain: bool,
+    expiry_s: int | None,
+) -> int:
+    """Check, rate-limit and send one publication; its ts once it is durable (retained) or in
+    Kafka (not retained). Raises `ApiError` for what is refused (nothing sent then)."""
+    _topic(topic)
+    try:
+        size = len(ids.unb64u(payload))
+    except ValueError:
+        raise _bad("payload: not base64url") from None
+    if size > ctx.config.max_publish_bytes:
+        raise ApiError(413, "TOO_LARGE", f"payload over {ctx.config.max_publish_bytes} bytes")
+    if expiry_s is not None and not 1 <= expiry_s <= MAX_EXPIRY_S:
+        raise _bad(f"expiry_s: must be in 1..{MAX_EXPIRY_S}")
+    await _rate_limited(ctx, address)
+    ts = int(schemas.now_ms_())
+    partition = routing.partition_of_topic(topic, ctx.config.kafka.partitions)
+    fields: dict[str, Any] = {
+        "topic": topic,
+        "payload": payload,
+        "ts": ts,
+        "retain": retain,
+        "expiry_s": expiry_s,
+    }
+    if retain:
+        await asking.retainer(ctx, partition, schemas.Publication, **fields)
+    else:
+        await asking.post_publication(ctx, partition, **fields)
+    return ts
+
+
+async def _page(
+    ctx: Context, topic_filter: str, after: str | None, limit: int, keys_only: bool = False
+) -> tuple[list[dict[str, Any]], bool]:
+    """Up to `limit` retained messages matching the filter after topic `after`, merged from
+    every retainer in topic order, and whether more follow."""
+    levels = parse_filter(topic_filter)
+    if not topics.is_wildcard(levels):  # one topic: ask its owner only
+        if after is not None and not _before(after, topic_filter):
+            return [], False
+        found = await read_one(ctx, topic_filter)
+        return ([] if found is None else [found]), False
+    replies = await asking.every_retainer(
+        ctx,
+        schemas.RetainedRequest,
+        op="match",
+        filter=topic_filter,
+        after=after,
+        limit=limit,
+        keys_only=keys_only,
+    )
+    pages = [
+        (reply.data["messages"], bool(reply.data["more"]))
+        for reply in replies
+        if reply.data is not None
+    ]
+    return merge_pages(pages, limit, lambda message: str(message["topic"]))
+
+
+def _before(after: str, topic: str) -> bool:
+    """Whether `after` sorts before `topic` in the retained store's order."""
+    return order_key(after) < order_key(topic)
+
+
+async def read_one(ctx: Context, topic: str) -> dict[str, Any] | None:
+    partition = routing.partition_of_topic(topic, ctx.config.kafka.partitions)
+    try:
+        reply = await asking.retainer(
+            ctx, partition, schemas.RetainedRequest, op="read", topic=topic
+        )
+    except ApiError as error:
+        if error.code == "NOT_FOUND":
+            return None
+        raise
+    return reply.data
+
+
+async def retained_pages(
+    ctx: Context, topic_filter: str, limit: int = 500
+) -> AsyncIterator[list[dict[str, Any]]]:
+    """Every retained message matching the filter, page by page, in topic order (the
+    WebSocket's SUBSCRIBE): one page in memory at a time."""
+    after: str | None = None
+    while True:
+        page, more = await _page(ctx, topic_filter, after, limit)
+        if page:
+            yield page
+        if not more or not page:
+            return
+        after = page[-1]["topic"]
+
+
+async def size(ctx: Context) -> int:
+    replies = await asking.every_retainer(ctx, schemas.RetainedRequest, op="size")
+    return sum(int(reply.data["size"]) for reply in replies if reply.data is not None)
+
+
+def _address(request: Request) -> str:
+    return request.client.host if request.client else "unknown"
+
+
+@router.post(
+    "/v1/publish", status_code=202, response_model=Published, responses=documented(413, 429)
+)
+async def publish_rest(ctx: Ctx, request: Request, body: NewPublication) -> Published:
+    """Publish to a topic: 202 once Kafka has it, or, when `retain`, once the retained message
+    (or its deletion, for an empty payload) is durable. Over the publish rate: 429
+    `RATE_LIMITED`; retained store full: 429 `QUOTA`."""
+    ts = await publish(ctx, _address(request), body.topic, body.payload, body.retain, body.expiry_s)
+    return Published(ts=ts)
+
+
+Filter = Annotated[
+    str, Query(min_length=1, pattern=topics.FILTER_PATTERN, description="topic filter")
+]
+Cursor = Annotated[str | None, Query(pattern=B64U_PATTERN, min_length=1, max_length=100_000)]
+
+
+@router.get("/v1/retained", response_model=RetainedPage)
+async def retained(
+    ctx: Ctx,
+    filter: Filter = "#",
+    limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = 100,
+    cursor: Cursor = None,
+) -> RetainedPage:
+    """Retained messages matching the filter, in topic order, a page at a time."""
+    after = decode_cursor(cursor) if cursor is not None else None
+    page, more = await _page(ctx, filter, after, limit)
+    next_cursor = encode_cursor(page[-1]["topic"]) if more and page else None
+    return RetainedPage(messages=[RetainedMessage(**m) for m in page], cursor=next_cursor)
+
+
+@router.get("/v1/retained/message", response_model=RetainedMessage, responses=documented(404))
+async def retained_message(
+    ctx: Ctx,
+    topic: Annotated[str, Query(min_length=1, pattern=topics.TOPIC_PATTERN)],
+) -> RetainedMessage:
+    found = await read_one(ctx, _topic(topic))
+    if found is None:
+        raise ApiError(404, "NOT_FOUND", f"no retained message on {topic!r}")
+    return RetainedMessage(**found)
+
+
+@admin_router.get("/retained", response_model=AdminPage)
+async def admin_retained(
+    ctx: Ctx,
+    _: Admin,
+    page: Annotated[int, Query(ge=1, le=10_000_000)] = 1,
+    limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = 100,
+    cursor: Cursor = None,
+) -> AdminPage:
+    """Every retained message in topic order, EMQX-style pages. With `cursor` (from the
+    previous page's meta) a page costs what page 1 costs; by number alone, the topics of the
+    earlier pages are walked first (topics only, no payloads)."""
+    after = decode_cursor(cursor) if cursor is not None else None
+    if after is None and page > 1:
+        after = await _skip(ctx, (page - 1) * limit)
+    messages: list[dict[str, Any]] = []
+    more = False
+    if after is not None or page == 1 or cursor is not None:
+        messages, more = await _page(ctx, "#", after, limit)
+    return AdminPage(
+        data=[RetainedMessage(**m) for m in messages],
+        meta=PageMeta(
+            page=page,
+            limit=limit,
+            hasnext=more,
+            count=await size(ctx),
+            cursor=encode_cursor(messages[-1]["topic"]) if more and messages else None,
+        ),
+    )
+
+
+async def _skip(ctx: Context, count: int) -> str | None:
+    """The topic `count` topics into `#` (None when there are fewer)."""
+    after: str | None = None
+    while count > 0:
+        chunk, more = await _page(ctx, "#", after, min(count, ADMIN_SKIP_CHUNK), keys_only=True)
+        if not chunk:
+            return None
+        count -= len(chunk)
+        after = chunk[-1]["topic"]
+        if count > 0 and not more:
+            return None
+    return after
+
+
+@admin_router.get("/retained/size", response_model=RetainedSize)
+async def admin_retained_size(ctx: Ctx, _: Admin) -> RetainedSize:
+    return RetainedSize(size=await size(ctx))
+
+
+@admin_router.delete("/retained/message", status_code=204)
+async def admin_retained_delete(
+    ctx: Ctx,
+    _: Admin,
+    topic: Annotated[str, Query(min_length=1, pattern=topics.TOPIC_PATTERN)],
+) -> Response:
+    """Delete a topic's retained message (204 whether or not one was retained), durable when
+    answered; ordered with the topic's publications."""
+    partition = routing.partition_of_topic(_topic(topic), ctx.config.kafka.partitions)
+    await asking.retainer(ctx, partition, schemas.RetainedRequest, op="delete", topic=topic)
+    return Response(status_code=204)

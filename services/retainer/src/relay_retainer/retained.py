@@ -1,0 +1,386 @@
+"""The retainer's retained messages (`relay_streams.retained`) for the publication partitions it
+owns: the store's lifecycle, group-committed writes, the expiry sweep, and the answers to
+retained publishes and `retained_request` records.
+
+Writes: every retained publish and every delete (a delete is a write of an empty payload) is
+queued in the order its record was read, and every write waiting when the writer is free goes
+into one `store_many` call (one synced RocksDB batch, one fsync for the lot). A call refused as
+a whole (one write's bad input, or more new topics than `max_retained` leaves room for) is
+applied again one write at a time, in order, so only the offending writes are refused.
+
+Invariants:
+- readiness condition `retained` is true only while the store is open;
+- a publish or delete is answered only by the outcome of the write that contained it, after
+  that write is durable; one past its deadline when the writer takes it is dropped unapplied
+  (its asker has answered 503, "nothing was stored");
+- writes are applied in the order of their records on each partition (a topic lives on one
+  partition), so reading a partition again after a restart replays its writes in order and
+  ends in the same state;
+- `match` answers stop at `limit` messages or `max_reply_bytes` of topics and payloads (at
+  least one message), and say whether more follow, so the asker can merge the answers of
+  every retainer in the store's topic order and know up to where the merge is exact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+from pydantic import BaseModel, Field
+
+from relay_bus import schemas, topics
+from relay_bus.bus import Bus, BusUnavailableError
+from relay_retainer.ds import Outcome
+from relay_retainer.streams import Expired
+from relay_runtime import exits
+from relay_runtime.readiness import Readiness
+from relay_streams import topics as topic_rules
+from relay_streams.errors import BadInput, Closed, StreamsError, WriteFailed
+from relay_streams.retained import Retained, RetainedFull, RetainedSettings, RetainedStore, Write
+
+log = structlog.get_logger(__name__)
+
+READS_REMEMBERED = 64
+"""Reads for every partition whose outcome is kept for the partitions that ask later."""
+
+
+class RetainedServiceSettings(BaseModel):
+    """The retainer's retained store (`RELAY_RETAINED__*`)."""
+
+    max_payload_bytes: int = Field(1 << 20, ge=1, le=1 << 20)
+    """Largest retained payload (MQTT's default in EMQX: 1 MiB)."""
+    max_retained: int = Field(0, ge=0)
+    """Most topics this retainer keeps (0: no limit); at the limit new topics are refused with
+    `QUOTA`, retained topics are still replaced."""
+    clear_interval_s: float = Field(10.0, ge=0)
+    """How often expired messages are deleted (0: never; they are never returned either way)."""
+    max_reply_bytes: int = Field(393_216, ge=1024, le=700_000)
+    """A `match` answer stops after the message that reaches this size (topics and payloads)."""
+
+
+@dataclass
+class _Write:
+    write: Write
+    expired: Callable[[], bool]
+    done: asyncio.Future[None] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+
+
+def b64u(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def unb64u(text: str) -> bytes:
+    try:
+        return base64.b64decode(text + "=" * (-len(text) % 4), altchars=b"-_", validate=True)
+    except (binascii.Error, ValueError):
+        raise BadInput("payload is not base64url") from None
+
+
+def message_json(message: Retained) -> dict[str, Any]:
+    return {
+        "topic": message.topic,
+        "payload": b64u(message.payload),
+        "ts": message.ts,
+        "expires_at": message.expires_at,
+    }
+
+
+class RetainedHost:
+    def __init__(self, root: Path, settings: RetainedServiceSettings, readiness: Readiness) -> None:
+        self.root = root
+        self.settings = settings
+        self.readiness = readiness
+        self._store: RetainedStore | None = None
+        self._pending: list[_Write] = []
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = False
+        readiness.register("retained")
+
+    @property
+    def store(self) -> RetainedStore:
+        if self._store is None:
+            raise Closed("retained store not open")
+        return self._store
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        limits = RetainedSettings(
+            max_payload_bytes=self.settings.max_payload_bytes,
+            max_retained=self.settings.max_retained,
+        )
+        try:
+            self._store = await asyncio.to_thread(RetainedStore, self.root, limits)
+        except StreamsError as error:
+            raise exits.StartupError(f"retained store: {error}", exits.EXIT_CONFIG) from None
+        except OSError as error:
+            raise exits.StartupError(
+                f"retained store {self.root} is not usable: {error}", exits.EXIT_OSERR
+            ) from None
+        self._tasks = [asyncio.create_task(self._write_rounds(), name="retained-writer")]
+        if self.settings.clear_interval_s:
+            self._tasks.append(asyncio.create_task(self._sweep(), name="retained-expiry"))
+        self.readiness.set("retained", True)
+        log.info("retained_open", root=str(self.root), size=self._store.size())
+
+    async def stop_writing(self) -> None:
+        """Finish the writes already handed over, then take no more (a drain hook)."""
+        self._stopping = True
+        self._wake.set()
+        for task in self._tasks[1:]:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+
+    async def close(self) -> None:
+        await self.stop_writing()
+        self.readiness.set("retained", False)
+        if self._store is not None:
+            store, self._store = self._store, None
+            await asyncio.to_thread(store.close)
+            log.info("retained_closed")
+
+    # -- writes ----------------------------------------------------------------------------
+
+    def submit(self, write: Write, expired: Callable[[], bool]) -> asyncio.Future[None]:
+        """Queue a write (in the caller's order); the future settles once it is durable, or
+        with the store's refusal, or `Expired`."""
+        pending = _Write(write, expired)
+        if self._stopping or self._store is None:
+            pending.done.set_exception(Expired("the retainer is stopping"))
+        else:
+            self._pending.append(pending)
+            self._wake.set()
+        return pending.done
+
+    async def _write_rounds(self) -> None:
+        while True:
+            if not self._pending:
+                if self._stopping:
+                    return
+                await self._wake.wait()
+                self._wake.clear()
+                continue
+            batch, self._pending = self._pending, []
+            live = []
+            for pending in batch:
+                if pending.expired():
+                    pending.done.set_exception(Expired("deadline passed before the write"))
+                else:
+                    live.append(pending)
+            if live:
+                await self._write(live)
+
+    async def _write(self, writes: list[_Write]) -> None:
+        try:
+            await asyncio.to_thread(self.store.store_many, [w.write for w in writes])
+        except (BadInput, RetainedFull, topic_rules.TopicError) as error:
+            if len(writes) == 1:
+                _settle(writes, error)
+                return
+            for write in writes:  # in order: only the offending writes are refused
+                await self._write([write])
+        except Exception as error:
+            _settle(writes, error)
+        else:
+            _settle(writes, None)
+
+    async def _sweep(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.clear_interval_s)
+            try:
+                removed = await asyncio.to_thread(self.store.clear_expired)
+            except StreamsError as error:
+                log.warning("retained_sweep_failed", error=str(error))
+                continue
+            if removed:
+                log.info("retained_expired", removed=removed)
+
+    # -- reads -----------------------------------------------------------------------------
+
+    async def read(self, topic: str) -> Retained | None:
+        return await asyncio.to_thread(self.store.read, topic)
+
+    async def size(self) -> int:
+        return self.store.size()
+
+    async def match(
+        self, topic_filter: str, after: str | None, limit: int, keys_only: bool = False
+    ) -> dict[str, Any]:
+        return await asyncio.to_thread(self._match, topic_filter, after, limit, keys_only)
+
+    def _match(
+        self, topic_filter: str, after: str | None, limit: int, keys_only: bool
+    ) -> dict[str, Any]:
+        out: list[dict[str, Any]] = []
+        size = 0
+        more = False
+        for message in self.store.match(topic_filter, after):
+            if len(out) >= limit or size >= self.settings.max_reply_bytes:
+                more = True
+                break
+            if keys_only:
+                out.append({"topic": message.topic})
+                size += len(message.topic)
+            else:
+                out.append(message_json(message))
+                size += len(message.topic) + len(message.payload)
+        return {"messages": out, "more": more}
+
+
+async def _raise(error: Exception) -> Outcome:
+    raise error
+
+
+def _settle(writes: list[_Write], error: BaseException | None) -> None:
+    for write in writes:
+        if write.done.done():
+            continue
+        if error is None:
+            write.done.set_result(None)
+        else:
+            write.done.set_exception(error)
+
+
+class RetainedRequests:
+    """Retained publishes and `retained_request` records read by the retainer's consumer."""
+
+    def __init__(
+        self, bus: Bus, host: RetainedHost, instance: str, owned: Sequence[int], partitions: int
+    ) -> None:
+        self.bus = bus
+        self.host = host
+        self.instance = instance
+        self.owned = list(owned)
+        self.partitions = partitions
+        self._reads: OrderedDict[str, asyncio.Task[Outcome]] = OrderedDict()
+        self._replies: set[asyncio.Task[None]] = set()
+
+    def handle(self, record: schemas.Publication | schemas.RetainedRequest, partition: int) -> None:
+        """Called by the consumer in record order; never waits for the operation."""
+        if record.expired() or (isinstance(record, schemas.Publication) and not record.retain):
+            return
+        if isinstance(record, schemas.Publication):
+            run = self._submit(record, record.topic, record.payload, record.expiry_s, 202)
+        elif record.op == "delete":
+            run = self._submit(record, record.topic, "", None, 204)
+        elif record.op in ("match", "size"):
+            found = self._reads.get(record.id)
+            if found is None:
+                found = asyncio.ensure_future(self._guarded(self._every(record)))
+                self._reads[record.id] = found
+                while len(self._reads) > READS_REMEMBERED:
+                    self._reads.popitem(last=False)
+            run = found
+        else:
+            run = asyncio.ensure_future(self._guarded(self._read(record)))
+        self._reply_when_done(record, partition, run)
+
+    def _submit(
+        self,
+        record: schemas.Publication | schemas.RetainedRequest,
+        topic: str,
+        payload: str,
+        expiry_s: int | None,
+        status: int,
+    ) -> asyncio.Future[Outcome]:
+        """Queue the write now (record order is write order); its outcome once durable."""
+        ts = record.ts if isinstance(record, schemas.Publication) else None
+        try:
+            write = Write(topic, unb64u(payload), 0, expiry_s, ts)
+        except BadInput as error:
+            return asyncio.ensure_future(self._guarded(_raise(error)))
+        done = self.host.submit(write, record.expired)
+        return asyncio.ensure_future(self._guarded(self._durable(done, status)))
+
+    @staticmethod
+    async def _durable(done: asyncio.Future[None], status: int) -> Outcome:
+        await done
+        return Outcome(status)
+
+    async def _read(self, record: schemas.RetainedRequest) -> Outcome:
+        message = await self.host.read(record.topic)
+        if message is None:
+            return Outcome(404, code="NOT_FOUND", detail=f"no retained message on {record.topic!r}")
+        return Outcome(200, message_json(message))
+
+    async def _every(self, record: schemas.RetainedRequest) -> Outcome:
+        if record.op == "size":
+            return Outcome(200, {"size": await self.host.size()})
+        if record.limit < 1:
+            raise BadInput("limit must be at least 1")
+        found = await self.host.match(record.filter, record.after, record.limit, record.keys_only)
+        return Outcome(200, found)
+
+    @staticmethod
+    async def _guarded(operation: Any) -> Outcome:
+        try:
+            result: Outcome = await operation
+            return result
+        except (BadInput, topic_rules.TopicError) as error:
+            return Outcome(400, code="BAD_REQUEST", detail=str(error))
+        except RetainedFull as error:
+            return Outcome(429, code="QUOTA", detail=str(error))
+        except (Expired, WriteFailed, Closed) as error:
+            return Outcome(503, code="UNAVAILABLE", detail=str(error))
+        except Exception as error:  # the store's own faults (corrupt records, ...) included
+            log.exception("retained_request_failed")
+            return Outcome(503, code="UNAVAILABLE", detail=str(error))
+
+    def _reply_when_done(
+        self,
+        record: schemas.Publication | schemas.RetainedRequest,
+        partition: int,
+        run: asyncio.Future[Outcome],
+    ) -> None:
+        reply = asyncio.create_task(self._answer(record, partition, run))
+        self._replies.add(reply)
+        reply.add_done_callback(self._replies.discard)
+
+    async def _answer(
+        self,
+        record: schemas.Publication | schemas.RetainedRequest,
+        partition: int,
+        run: asyncio.Future[Outcome],
+    ) -> None:
+        outcome = await run
+        if record.expired():
+            return
+        data = outcome.data
+        every = isinstance(record, schemas.RetainedRequest) and record.op in ("match", "size")
+        if every and partition != self.owned[0]:
+            data = None  # this retainer's data travels once, with its lowest partition
+        reply = schemas.DsReply(
+            id=record.id,
+            origin=record.origin,
+            partition=partition,
+            instance=self.instance,
+            site="",
+            status=outcome.status,
+            data=data,
+            code=outcome.code,
+            detail=outcome.detail,
+        )
+        try:
+            await self.bus.send(topics.INGRESS_INBOX, reply, partition=record.reply_slot)
+        except BusUnavailableError as error:  # the asker times out with 503
+            log.warning("retained_reply_lost", error=str(error))
+
+    async def drain(self, budget_s: float = 2.0) -> None:
+        """Let answers already under way go out (within `budget_s`), then cancel the rest."""
+        pending = [*self._reads.values(), *self._replies]
+        if pending:
+            _, late = await asyncio.wait(pending, timeout=budget_s)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
