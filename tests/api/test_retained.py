@@ -4,6 +4,8 @@ half the publication partitions, so every filter read is a merge of two stores).
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 import uuid
@@ -332,3 +334,92 @@ def test_publish_rate_is_limited_per_address(http: httpx.Client) -> None:
     assert codes.count(202) >= PUBLISH_PER_S // 2
     time.sleep(1.1)
     assert publish(http, topic, b"x").status_code == 202  # the next second starts afresh
+
+
+def _kill(running: helpers.Running, name: str) -> None:
+    child = next(c for c in running.state.children if c.name == name)
+    assert child.pid is not None
+    os.kill(child.pid, signal.SIGKILL)
+
+
+def test_acknowledged_retained_publishes_survive_retainer_kills(
+    running: helpers.Running, http: httpx.Client
+) -> None:
+    """Writers retain new topics while each retainer in turn is SIGKILLed mid-load (relayctl
+    restarts it): every publish answered 202 is there afterwards, with its payload."""
+    base = root()
+    acked: dict[str, bytes] = {}
+    stop = threading.Event()
+
+    def write(worker: int) -> None:
+        i = 0
+        while not stop.is_set():
+            topic, payload = f"{base}/w{worker}/{i}", f"{worker}-{i}".encode()
+            response = publish(http, topic, payload, retain=True)
+            if response.status_code == 202:
+                acked[topic] = payload
+            else:
+                assert response.status_code == 503, response.text
+                time.sleep(0.05)
+            i += 1
+
+    with ThreadPoolExecutor(6) as pool:
+        writers = [pool.submit(write, w) for w in range(6)]
+        for name in ("relay-retainer-1", "relay-retainer-0"):
+            time.sleep(1.5)
+            _kill(running, name)
+        time.sleep(1.5)
+        stop.set()
+        for writer in writers:
+            writer.result()
+    deadline = time.monotonic() + 30
+    while http.get("/admin/ping").status_code != 403:  # the ingress answers again
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
+    while True:
+        response = http.get("/v1/retained", params={"filter": f"{base}/#", "limit": 1000})
+        if response.status_code == 200:
+            break
+        assert time.monotonic() < deadline, "the retainers did not come back within 30 s"
+        time.sleep(0.5)
+    found: dict[str, bytes] = {}
+    cursor = None
+    while True:
+        params: dict[str, Any] = {"filter": f"{base}/#", "limit": 1000}
+        if cursor is not None:
+            params["cursor"] = cursor
+        body = http.get("/v1/retained", params=params).json()
+        found.update({m["topic"]: unb64u(m["payload"]) for m in body["messages"]})
+        cursor = body["cursor"]
+        if cursor is None:
+            break
+    assert len(acked) > 50, len(acked)
+    missing = {t for t in acked if found.get(t) != acked[t]}
+    assert not missing, f"{len(missing)} acknowledged publishes lost, e.g. {sorted(missing)[:3]}"
+
+
+async def test_live_subscriptions_survive_a_delivery_kill(
+    running: helpers.Running, http: httpx.Client, ws_url: str
+) -> None:
+    """A SIGKILLed delivery comes back (relayctl restarts it) and rebuilds the topic filters
+    from Redis: a subscriber from before the kill gets live publications again."""
+    base = root()
+    async with connect(ws_url) as ws:
+        await send(ws, {"id": "s", "cmd": "SUBSCRIBE", "filter": f"{base}/#"})
+        assert await recv(ws) == {"id": "s", "ok": True}
+        publish(http, f"{base}/before", b"x")
+        assert (await recv(ws))["topic"] == f"{base}/before"
+        _kill(running, "relay-delivery-0")
+        deadline = time.monotonic() + 40
+        i = 0
+        while True:
+            assert time.monotonic() < deadline, "no live publication after the delivery kill"
+            response = publish(http, f"{base}/after/{i}", b"x")
+            assert response.status_code in (202, 503), response.text
+            try:
+                frame = await recv(ws, 1.0)
+            except TimeoutError:
+                i += 1
+                continue
+            assert frame["topic"].startswith(f"{base}/after/")
+            break
