@@ -31,6 +31,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from relay_bus.bus import BusUnavailableError
 from relay_ingress import asking, retained
 from relay_ingress.connections import Connection, Connections
 from relay_ingress.context import Context, Ctx
@@ -99,6 +100,13 @@ def _error(frame_id: object, code: str, detail: str) -> dict[str, Any]:
     return {"id": frame_id, "ok": False, "error": code, "detail": detail}
 
 
+def _refusal(error: ApiError | BusUnavailableError) -> tuple[str, str]:
+    """The error code and detail of a refused command."""
+    if isinstance(error, ApiError):
+        return error.code, error.detail
+    return "UNAVAILABLE", "Kafka is not answering; retry later"
+
+
 def _parse(text: str) -> tuple[object, Command | dict[str, Any]]:
     """The frame's id and its command, or its id and the error reply."""
     try:
@@ -138,10 +146,10 @@ class Session:
             return
         try:
             reply = await self._command(command)
-        except ApiError as error:
+        except (ApiError, BusUnavailableError) as error:
             if isinstance(command, Sub):
                 await self.connections.unsubscribe(self.conn, command.queue)
-            reply = _error(command.id, error.code, error.detail)
+            reply = _error(command.id, *_refusal(error))
         except RedisError:
             reply = _error(command.id, "UNAVAILABLE", "routing state unavailable; retry")
         if isinstance(command, Sub) and reply.get("ok"):
@@ -166,10 +174,11 @@ class Session:
             else:
                 levels = retained.parse_filter(command.filter)
                 await self.connections.subscribe_topic(conn, command.filter, levels)
-        except ApiError as error:
+        except (ApiError, BusUnavailableError) as error:
             if isinstance(command, Subscribe):
-                await self.connections.unsubscribe_topic(conn, command.filter)
-            conn.queue_frame(_error(command.id, error.code, error.detail))
+                with contextlib.suppress(BusUnavailableError, RedisError):
+                    await self.connections.unsubscribe_topic(conn, command.filter)
+            conn.queue_frame(_error(command.id, *_refusal(error)))
             return
         except RedisError:
             conn.queue_frame(_error(command.id, "UNAVAILABLE", "routing state unavailable; retry"))
