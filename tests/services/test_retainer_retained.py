@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from relay_retainer.retained import RetainedHost, RetainedServiceSettings
-from relay_retainer.streams import Expired
+from relay_retainer.rounds import Expired
 from relay_runtime.readiness import Readiness
 from relay_streams.errors import BadInput
 from relay_streams.retained import RetainedFull, Write

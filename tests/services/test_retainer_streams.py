@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from relay_retainer.streams import Expired, StreamHost, StreamSettings
+from relay_retainer.rounds import Expired
+from relay_retainer.streams import StreamHost, StreamSettings
 from relay_runtime.readiness import Readiness
 from relay_streams.errors import BadInput, NotFound
 from relay_streams.model import Message

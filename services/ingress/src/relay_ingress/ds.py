@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from relay_bus import routing
 from relay_ingress import asking
+from relay_ingress.checks import B64U_PATTERN, bad, parse_filter, parse_topic
 from relay_ingress.context import Context, Ctx
 from relay_ingress.errors import ApiError, documented
 from relay_queues import ids
@@ -36,7 +37,6 @@ router = APIRouter(
     prefix="/v1/ds", tags=["durable streams"], responses=documented(400, 404, 413, 503)
 )
 
-B64U_PATTERN = r"^(?:[A-Za-z0-9_-]{4})*(?:[A-Za-z0-9_-]{2,3})?$"
 MAX_TS_JSON = 2**53 - 1  # ms, ~ year 287,000
 """Largest ts or start taken: integers beyond it lose precision in JSON clients that read
 numbers as doubles (the store itself takes up to 2**63 - 1)."""
@@ -91,23 +91,11 @@ class NextMessages(BaseModel):
     end_of_stream: bool
 
 
-def _bad(detail: str) -> ApiError:
-    return ApiError(400, "BAD_REQUEST", detail)
-
-
-def _filter(text: str) -> str:
-    try:
-        topics.parse_filter(text)
-    except topics.TopicError as error:
-        raise _bad(f"filter: {error}") from None
-    return text
-
-
 def _addressed(ctx: Context, text: str, what: str) -> tuple[int, str]:
     try:
         return routing.parse_address(text, ctx.config.kafka.partitions)
     except ValueError as error:
-        raise _bad(f"{what}: {error}") from None
+        raise bad(f"{what}: {error}") from None
 
 
 def _stream_token(ctx: Context, db: str, text: str) -> tuple[int, str]:
@@ -115,9 +103,9 @@ def _stream_token(ctx: Context, db: str, text: str) -> tuple[int, str]:
     try:
         stream = Stream.from_token(inner)
     except BadToken as error:
-        raise _bad(f"stream: {error}") from None
+        raise bad(f"stream: {error}") from None
     if stream.db != db:
-        raise _bad(f"stream of database {stream.db!r}, not {db!r}")
+        raise bad(f"stream of database {stream.db!r}, not {db!r}")
     return partition, inner
 
 
@@ -126,9 +114,9 @@ def _iterator_token(ctx: Context, db: str, text: str) -> tuple[int, str]:
     try:
         iterator = StreamIterator.from_token(inner)
     except BadToken as error:
-        raise _bad(f"iterator: {error}") from None
+        raise bad(f"iterator: {error}") from None
     if iterator.stream.db != db:
-        raise _bad(f"iterator of database {iterator.stream.db!r}, not {db!r}")
+        raise bad(f"iterator of database {iterator.stream.db!r}, not {db!r}")
     return partition, inner
 
 
@@ -139,7 +127,7 @@ async def store(
     """Store a batch; 201 once every message is durable (fsynced at its retainer)."""
     config = ctx.config
     if not messages:
-        raise _bad("a batch needs at least one message")
+        raise bad("a batch needs at least one message")
     if len(messages) > config.ds_max_batch_messages:
         raise ApiError(
             413, "TOO_LARGE", f"over {config.ds_max_batch_messages} messages in one batch"
@@ -147,14 +135,11 @@ async def store(
     parts: dict[int, list[dict[str, Any]]] = defaultdict(list)
     total = 0
     for i, message in enumerate(messages):
-        try:
-            topics.parse_topic(message.topic)
-        except topics.TopicError as error:
-            raise _bad(f"{i}.topic: {error}") from None
+        parse_topic(message.topic, f"{i}.topic")
         try:
             size = len(ids.unb64u(message.payload))
         except ValueError:
-            raise _bad(f"{i}.payload: not base64url") from None
+            raise bad(f"{i}.payload: not base64url") from None
         if size > config.max_body_bytes:
             raise ApiError(413, "TOO_LARGE", f"{i}.payload: over {config.max_body_bytes} bytes")
         total += size + len(message.topic.encode())
@@ -184,7 +169,7 @@ async def streams(
 ) -> list[RankedStream]:
     """Streams that may hold messages matching the filter from `start`, from every retainer,
     sorted by rank."""
-    _filter(filter)
+    parse_filter(filter)
     replies = await asking.every_retainer(ctx, op="streams", db=db, filter=filter, start=start)
     found = [
         RankedStream(rank=(entry["rank"][0], entry["rank"][1]), stream=entry["stream"])
@@ -199,7 +184,7 @@ async def streams(
 @router.post("/{db}/iterators", status_code=201, response_model=IteratorMade)
 async def make_iterator(ctx: Ctx, db: DbPath, new: NewIterator) -> IteratorMade:
     partition, inner = _stream_token(ctx, db, new.stream)
-    _filter(new.filter)
+    parse_filter(new.filter)
     reply = await asking.retainer(
         ctx, partition, op="iterator", db=db, stream=inner, filter=new.filter, start=new.start
     )

@@ -30,6 +30,7 @@ from redis.exceptions import RedisError
 from relay_bus import routing, schemas
 from relay_ingress import asking
 from relay_ingress.admin import Admin
+from relay_ingress.checks import B64U_PATTERN, bad, parse_filter, parse_topic
 from relay_ingress.context import Context, Ctx
 from relay_ingress.errors import ApiError, documented
 from relay_queues import ids
@@ -39,7 +40,6 @@ from relay_streams.retained import merge_pages, order_key
 router = APIRouter(tags=["topics"], responses=documented(400, 503))
 admin_router = APIRouter(prefix="/admin", tags=["admin"], responses=documented(400, 403, 503))
 
-B64U_PATTERN = r"^(?:[A-Za-z0-9_-]{4})*(?:[A-Za-z0-9_-]{2,3})?$"
 MAX_EXPIRY_S = 2**32 - 1
 MAX_LIMIT = 1000
 ADMIN_SKIP_CHUNK = 1000
@@ -92,25 +92,6 @@ class AdminPage(BaseModel):
     meta: PageMeta
 
 
-def _bad(detail: str) -> ApiError:
-    return ApiError(400, "BAD_REQUEST", detail)
-
-
-def _topic(text: str) -> str:
-    try:
-        topics.parse_topic(text)
-    except topics.TopicError as error:
-        raise _bad(f"topic: {error}") from None
-    return text
-
-
-def parse_filter(text: str) -> topics.Levels:
-    try:
-        return topics.parse_filter(text)
-    except topics.TopicError as error:
-        raise _bad(f"filter: {error}") from None
-
-
 def encode_cursor(topic: str) -> str:
     return base64.urlsafe_b64encode(topic.encode()).rstrip(b"=").decode()
 
@@ -120,7 +101,7 @@ def decode_cursor(text: str) -> str:
         topic = ids.unb64u(text).decode()
         topics.parse_topic(topic)
     except (ValueError, topics.TopicError):
-        raise _bad("cursor: not a cursor this API returned") from None
+        raise bad("cursor: not a cursor this API returned") from None
     return topic
 
 
@@ -149,15 +130,15 @@ async def publish(
 ) -> int:
     """Check, rate-limit and send one publication; its ts once it is durable (retained) or in
     Kafka (not retained). Raises `ApiError` for what is refused (nothing sent then)."""
-    _topic(topic)
+    parse_topic(topic)
     try:
         size = len(ids.unb64u(payload))
     except ValueError:
-        raise _bad("payload: not base64url") from None
+        raise bad("payload: not base64url") from None
     if size > ctx.config.max_publish_bytes:
         raise ApiError(413, "TOO_LARGE", f"payload over {ctx.config.max_publish_bytes} bytes")
     if expiry_s is not None and not 1 <= expiry_s <= MAX_EXPIRY_S:
-        raise _bad(f"expiry_s: must be in 1..{MAX_EXPIRY_S}")
+        raise bad(f"expiry_s: must be in 1..{MAX_EXPIRY_S}")
     await _rate_limited(ctx, address)
     ts = int(schemas.now_ms_())
     partition = routing.partition_of_topic(topic, ctx.config.kafka.partitions)
@@ -281,7 +262,8 @@ async def retained_message(
     ctx: Ctx,
     topic: Annotated[str, Query(min_length=1, pattern=topics.TOPIC_PATTERN)],
 ) -> RetainedMessage:
-    found = await read_one(ctx, _topic(topic))
+    parse_topic(topic)
+    found = await read_one(ctx, topic)
     if found is None:
         raise ApiError(404, "NOT_FOUND", f"no retained message on {topic!r}")
     return RetainedMessage(**found)
@@ -344,6 +326,7 @@ async def admin_retained_delete(
 ) -> Response:
     """Delete a topic's retained message (204 whether or not one was retained), durable when
     answered; ordered with the topic's publications."""
-    partition = routing.partition_of_topic(_topic(topic), ctx.config.kafka.partitions)
+    parse_topic(topic)
+    partition = routing.partition_of_topic(topic, ctx.config.kafka.partitions)
     await asking.retainer(ctx, partition, schemas.RetainedRequest, op="delete", topic=topic)
     return Response(status_code=204)

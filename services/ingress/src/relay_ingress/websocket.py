@@ -33,6 +33,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from relay_bus.bus import BusUnavailableError
 from relay_ingress import asking, retained
+from relay_ingress.checks import parse_filter
 from relay_ingress.connections import Connection, Connections
 from relay_ingress.context import Context, Ctx
 from relay_ingress.errors import ApiError
@@ -172,7 +173,7 @@ class Session:
             elif isinstance(command, Unsubscribe):
                 await self.connections.unsubscribe_topic(conn, command.filter)
             else:
-                levels = retained.parse_filter(command.filter)
+                levels = parse_filter(command.filter)
                 await self.connections.subscribe_topic(conn, command.filter, levels)
         except (ApiError, BusUnavailableError) as error:
             if isinstance(command, Subscribe):

@@ -29,7 +29,8 @@ from relay_bus import routing, schemas, topics
 from relay_bus.bus import Bus, BusUnavailableError
 from relay_bus.consumers import Received
 from relay_retainer import ds_admin
-from relay_retainer.streams import Expired, StreamHost
+from relay_retainer.rounds import Expired
+from relay_retainer.streams import StreamHost
 from relay_streams import topics as topic_rules
 from relay_streams.errors import BadInput, Closed, NotFound, WriteFailed
 from relay_streams.model import MAX_TS, Message

@@ -28,7 +28,6 @@ import base64
 import binascii
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +37,7 @@ from pydantic import BaseModel, Field
 from relay_bus import schemas, topics
 from relay_bus.bus import Bus, BusUnavailableError
 from relay_retainer.ds import Outcome
-from relay_retainer.streams import Expired
+from relay_retainer.rounds import Expired, Rounds
 from relay_runtime import exits
 from relay_runtime.readiness import Readiness
 from relay_streams import topics as topic_rules
@@ -63,15 +62,6 @@ class RetainedServiceSettings(BaseModel):
     """How often expired messages are deleted (0: never; they are never returned either way)."""
     max_reply_bytes: int = Field(393_216, ge=1024, le=700_000)
     """A `match` answer stops after the message that reaches this size (topics and payloads)."""
-
-
-@dataclass
-class _Write:
-    write: Write
-    expired: Callable[[], bool]
-    done: asyncio.Future[None] = field(
-        default_factory=lambda: asyncio.get_running_loop().create_future()
-    )
 
 
 def b64u(data: bytes) -> str:
@@ -100,10 +90,9 @@ class RetainedHost:
         self.settings = settings
         self.readiness = readiness
         self._store: RetainedStore | None = None
-        self._pending: list[_Write] = []
-        self._wake = asyncio.Event()
-        self._tasks: list[asyncio.Task[None]] = []
-        self._stopping = False
+        split_on = (BadInput, RetainedFull, topic_rules.TopicError)
+        self._rounds: Rounds[Write] = Rounds(self._apply, split_on, "retained-writer")
+        self._sweeper: asyncio.Task[None] | None = None
         readiness.register("retained")
 
     @property
@@ -127,20 +116,19 @@ class RetainedHost:
             raise exits.StartupError(
                 f"retained store {self.root} is not usable: {error}", exits.EXIT_OSERR
             ) from None
-        self._tasks = [asyncio.create_task(self._write_rounds(), name="retained-writer")]
+        self._rounds.start()
         if self.settings.clear_interval_s:
-            self._tasks.append(asyncio.create_task(self._sweep(), name="retained-expiry"))
+            self._sweeper = asyncio.create_task(self._sweep(), name="retained-expiry")
         self.readiness.set("retained", True)
         log.info("retained_open", root=str(self.root), size=self._store.size())
 
     async def stop_writing(self) -> None:
         """Finish the writes already handed over, then take no more (a drain hook)."""
-        self._stopping = True
-        self._wake.set()
-        for task in self._tasks[1:]:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._tasks = []
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            await asyncio.gather(self._sweeper, return_exceptions=True)
+            self._sweeper = None
+        await self._rounds.stop()
 
     async def close(self) -> None:
         await self.stop_writing()
@@ -155,45 +143,10 @@ class RetainedHost:
     def submit(self, write: Write, expired: Callable[[], bool]) -> asyncio.Future[None]:
         """Queue a write (in the caller's order); the future settles once it is durable, or
         with the store's refusal, or `Expired`."""
-        pending = _Write(write, expired)
-        if self._stopping or self._store is None:
-            pending.done.set_exception(Expired("the retainer is stopping"))
-        else:
-            self._pending.append(pending)
-            self._wake.set()
-        return pending.done
+        return self._rounds.submit(write, expired)
 
-    async def _write_rounds(self) -> None:
-        while True:
-            if not self._pending:
-                if self._stopping:
-                    return
-                await self._wake.wait()
-                self._wake.clear()
-                continue
-            batch, self._pending = self._pending, []
-            live = []
-            for pending in batch:
-                if pending.expired():
-                    pending.done.set_exception(Expired("deadline passed before the write"))
-                else:
-                    live.append(pending)
-            if live:
-                await self._write(live)
-
-    async def _write(self, writes: list[_Write]) -> None:
-        try:
-            await asyncio.to_thread(self.store.store_many, [w.write for w in writes])
-        except (BadInput, RetainedFull, topic_rules.TopicError) as error:
-            if len(writes) == 1:
-                _settle(writes, error)
-                return
-            for write in writes:  # in order: only the offending writes are refused
-                await self._write([write])
-        except Exception as error:
-            _settle(writes, error)
-        else:
-            _settle(writes, None)
+    async def _apply(self, writes: list[Write]) -> None:
+        await asyncio.to_thread(self.store.store_many, writes)
 
     async def _sweep(self) -> None:
         while True:
@@ -240,16 +193,6 @@ class RetainedHost:
 
 async def _raise(error: Exception) -> Outcome:
     raise error
-
-
-def _settle(writes: list[_Write], error: BaseException | None) -> None:
-    for write in writes:
-        if write.done.done():
-            continue
-        if error is None:
-            write.done.set_result(None)
-        else:
-            write.done.set_exception(error)
 
 
 class RetainedRequests:

@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import structlog
 from pydantic import BaseModel, Field
 
+from relay_retainer.rounds import Pending, Rounds
 from relay_runtime import exits
 from relay_runtime.readiness import Readiness
 from relay_streams.errors import BadInput, StreamsError
@@ -53,18 +53,15 @@ class StreamSettings(BaseModel):
     (base64 payloads, JSON) stays under Kafka's 1 MiB record limit."""
 
 
-class Expired(Exception):
-    """A write request whose asker gave up before the writer reached it; nothing stored."""
+StreamWrite = tuple[str, list[Message | tuple[str, bytes]]]
+"""One request's write: its database and messages."""
 
 
-@dataclass
-class _Write:
-    db: str
-    messages: list[Message | tuple[str, bytes]]
-    expired: Callable[[], bool]
-    done: asyncio.Future[None] = field(
-        default_factory=lambda: asyncio.get_running_loop().create_future()
-    )
+def _by_db(writes: list[Pending[StreamWrite]]) -> list[list[Pending[StreamWrite]]]:
+    by_db: dict[str, list[Pending[StreamWrite]]] = {}
+    for write in writes:
+        by_db.setdefault(write.write[0], []).append(write)
+    return list(by_db.values())
 
 
 class StreamHost:
@@ -76,10 +73,7 @@ class StreamHost:
         self.settings = settings
         self.readiness = readiness
         self._store: StreamStore | None = None
-        self._pending: list[_Write] = []
-        self._wake = asyncio.Event()
-        self._writer: asyncio.Task[None] | None = None
-        self._stopping = False
+        self._rounds = Rounds(self._apply, (BadInput,), "streams-writer", group=_by_db)
         readiness.register("streams")
 
     @property
@@ -98,7 +92,7 @@ class StreamHost:
             raise exits.StartupError(
                 f"stream store {self.root} is not usable: {error}", exits.EXIT_OSERR
             ) from None
-        self._writer = asyncio.create_task(self._write_rounds(), name="streams-writer")
+        self._rounds.start()
         self.readiness.set("streams", True)
         log.info("streams_open", root=str(self.root), dbs=self._store.storages())
 
@@ -116,11 +110,7 @@ class StreamHost:
 
     async def stop_writing(self) -> None:
         """Finish the writes already handed over, then take no more (a drain hook)."""
-        self._stopping = True
-        self._wake.set()
-        if self._writer is not None:
-            await asyncio.gather(self._writer, return_exceptions=True)
-            self._writer = None
+        await self._rounds.stop()
 
     async def close(self) -> None:
         await self.stop_writing()
@@ -141,45 +131,12 @@ class StreamHost:
         """Return once `messages` are durable (raises the store's error otherwise, or `Expired`
         when the request's deadline passed before the writer took it)."""
         self.store.db(db)  # NotFound before queueing
-        if self._stopping:
-            raise Expired("the retainer is stopping")
-        write = _Write(db, list(messages), expired)
-        self._pending.append(write)
-        self._wake.set()
-        await write.done
+        await self._rounds.submit((db, list(messages)), expired)
 
-    async def _write_rounds(self) -> None:
-        while True:
-            if not self._pending:
-                if self._stopping:
-                    return
-                await self._wake.wait()
-                self._wake.clear()
-                continue
-            batch, self._pending = self._pending, []
-            by_db: dict[str, list[_Write]] = {}
-            for write in batch:
-                if write.expired():
-                    write.done.set_exception(Expired("deadline passed before the write"))
-                else:
-                    by_db.setdefault(write.db, []).append(write)
-            for db, writes in by_db.items():
-                await self._write(db, writes)
-
-    async def _write(self, db: str, writes: list[_Write]) -> None:
-        messages = [m for write in writes for m in write.messages]
-        try:
-            await asyncio.to_thread(self.store.store_batch, db, messages, True)
-        except BadInput as error:
-            if len(writes) > 1:  # one request's messages refused: blame only that one
-                for write in writes:
-                    await self._write(db, [write])
-                return
-            _settle(writes, error)
-        except Exception as error:
-            _settle(writes, error)
-        else:
-            _settle(writes, None)
+    async def _apply(self, writes: list[StreamWrite]) -> None:
+        """One round's writes to one database: one `store_batch`, synced."""
+        messages = [m for _db, part in writes for m in part]
+        await asyncio.to_thread(self.store.store_batch, writes[0][0], messages, True)
 
     # -- reads -----------------------------------------------------------------------------
 
@@ -195,13 +152,3 @@ class StreamHost:
         return await asyncio.to_thread(
             self.store.next, db, iterator, n, self.settings.max_reply_bytes
         )
-
-
-def _settle(writes: list[_Write], error: BaseException | None) -> None:
-    for write in writes:
-        if write.done.done():
-            continue
-        if error is None:
-            write.done.set_result(None)
-        else:
-            write.done.set_exception(error)

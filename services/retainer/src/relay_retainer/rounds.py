@@ -1,0 +1,117 @@
+"""Group commit for the retainer's stores: writes handed over while a round is being written
+wait together and go into the next round, one store call (and one fsync) for all of them.
+
+Invariants:
+- each write is settled exactly once: by the outcome of the round that contained it, or with
+  `Expired` when its asker's deadline passed before a round took it (it was not applied), or
+  when the writer has stopped;
+- writes are applied in the order they were handed over;
+- a round refused as a whole for one write's sake (`split_on`) is applied again one write at a
+  time, in order, so only the offending writes are refused;
+- `stop` finishes the writes already handed over, then takes no more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+W = TypeVar("W")
+
+
+class Expired(Exception):
+    """A write whose asker gave up before the writer reached it, or one handed over after the
+    writer stopped; nothing stored."""
+
+
+@dataclass
+class Pending(Generic[W]):
+    write: W
+    expired: Callable[[], bool]
+    done: asyncio.Future[None] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+
+
+class Rounds(Generic[W]):
+    """`apply(writes)` writes a round (raising settles every write of it with the error);
+    `group(writes)` splits a round into calls (by database, say), applied one after another."""
+
+    def __init__(
+        self,
+        apply: Callable[[list[W]], Awaitable[object]],
+        split_on: tuple[type[BaseException], ...],
+        name: str,
+        group: Callable[[list[Pending[W]]], Sequence[list[Pending[W]]]] = lambda ws: [ws],
+    ) -> None:
+        self._apply = apply
+        self._split_on = split_on
+        self._group = group
+        self._name = name
+        self._pending: list[Pending[W]] = []
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=self._name)
+
+    def submit(self, write: W, expired: Callable[[], bool]) -> asyncio.Future[None]:
+        """Hand a write over; the future settles once it is durable, or with its refusal."""
+        pending = Pending(write, expired)
+        if self._stopping or self._task is None:
+            pending.done.set_exception(Expired("the retainer is stopping"))
+        else:
+            self._pending.append(pending)
+            self._wake.set()
+        return pending.done
+
+    async def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        if self._task is not None:
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _run(self) -> None:
+        while True:
+            if not self._pending:
+                if self._stopping:
+                    return
+                await self._wake.wait()
+                self._wake.clear()
+                continue
+            batch, self._pending = self._pending, []
+            live = []
+            for pending in batch:
+                if pending.expired():
+                    pending.done.set_exception(Expired("deadline passed before the write"))
+                else:
+                    live.append(pending)
+            for part in self._group(live) if live else []:
+                await self._write(part)
+
+    async def _write(self, writes: list[Pending[W]]) -> None:
+        try:
+            await self._apply([w.write for w in writes])
+        except self._split_on as error:
+            if len(writes) == 1:
+                _settle(writes, error)
+                return
+            for write in writes:
+                await self._write([write])
+        except Exception as error:
+            _settle(writes, error)
+        else:
+            _settle(writes, None)
+
+
+def _settle(writes: list[Pending[W]], error: BaseException | None) -> None:
+    for write in writes:
+        if write.done.done():
+            continue
+        if error is None:
+            write.done.set_result(None)
+        else:
+            write.done.set_exception(error)
