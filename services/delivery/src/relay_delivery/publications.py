@@ -21,11 +21,11 @@ from collections import defaultdict
 
 import structlog
 from redis.exceptions import RedisError
-from relay_routes.filters import FilterIndex
 
 from relay_bus import schemas, topics
 from relay_bus.bus import Bus
 from relay_bus.consumers import Received
+from relay_routes.filters import FilterIndex
 from relay_routes.topic_subscriptions import TopicSubscriptions
 
 log = structlog.get_logger(__name__)
