@@ -29,5 +29,16 @@ def http(running: helpers.Running) -> Iterator[httpx.Client]:
 
 
 @pytest.fixture
+def admin(running: helpers.Running) -> Iterator[httpx.Client]:
+    """A client sending the admin token (for whichever suite the module runs)."""
+    with httpx.Client(
+        base_url=running.state.ingress_url,
+        timeout=20,
+        headers={"Authorization": f"Bearer {running.token()}"},
+    ) as client:
+        yield client
+
+
+@pytest.fixture
 def ws_url(running: helpers.Running) -> str:
     return running.state.ingress_url.replace("http://", "ws://") + "/v1/ws"

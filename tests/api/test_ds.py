@@ -43,16 +43,6 @@ def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[helpers.Runnin
         yield running
 
 
-@pytest.fixture
-def admin(running: helpers.Running) -> Iterator[httpx.Client]:
-    with httpx.Client(
-        base_url=running.state.ingress_url,
-        timeout=20,
-        headers={"Authorization": f"Bearer {running.token()}"},
-    ) as client:
-        yield client
-
-
 def b64u(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
 

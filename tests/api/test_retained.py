@@ -41,16 +41,6 @@ def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[helpers.Runnin
         yield running
 
 
-@pytest.fixture
-def admin(running: helpers.Running) -> Iterator[httpx.Client]:
-    with httpx.Client(
-        base_url=running.state.ingress_url,
-        timeout=20,
-        headers={"Authorization": f"Bearer {running.token()}"},
-    ) as client:
-        yield client
-
-
 def root() -> str:
     """A fresh topic root per test, so tests sharing the suite do not see each other."""
     return f"t{uuid.uuid4().hex[:8]}"

@@ -25,6 +25,7 @@ from redis.exceptions import RedisError
 from relay_bus import schemas, topics
 from relay_bus.bus import Bus
 from relay_bus.consumers import Received
+from relay_delivery.markers import write_markers
 from relay_routes.filters import FilterIndex
 from relay_routes.topic_subscriptions import TopicSubscriptions
 
@@ -49,12 +50,7 @@ class LivePublications:
         self.index = FilterIndex()
 
     async def start_offsets(self, partitions: list[int]) -> dict[int, int]:
-        offsets = {}
-        for partition in partitions:
-            marker = schemas.Marker(instance=self.instance)
-            _, offsets[partition] = await self.bus.send(
-                topics.PUBLICATIONS, marker, partition=partition
-            )
+        offsets = await write_markers(self.bus, topics.PUBLICATIONS, partitions, self.instance)
         while True:
             try:
                 listed = await self.registry.every(self.inbox_slots)

@@ -20,6 +20,7 @@ from redis.exceptions import RedisError
 from relay_bus import schemas, topics
 from relay_bus.bus import Bus
 from relay_bus.consumers import Handler, Received
+from relay_delivery.markers import write_markers
 from relay_queues import ids
 from relay_queues.delivery import Deliveries, Head, Push, Subscriber
 from relay_routes.subscriptions import Subscriptions
@@ -45,12 +46,7 @@ class Pushes:
         self._resyncs: set[asyncio.Task[None]] = set()
 
     async def start_offsets(self, partitions: list[int]) -> dict[int, int]:
-        offsets = {}
-        for partition in partitions:
-            marker = schemas.Marker(instance=self.instance)
-            _, offsets[partition] = await self.bus.send(
-                topics.QUEUE_EVENTS, marker, partition=partition
-            )
+        offsets = await write_markers(self.bus, topics.QUEUE_EVENTS, partitions, self.instance)
         taken = set(partitions)
         self.deliveries.forget(lambda q: ids.partition_of(q, self.partitions) in taken)
         task = asyncio.create_task(self._resync(partitions), name="resync")

@@ -285,7 +285,7 @@ async def admin_retained(
         after = await _skip(ctx, (page - 1) * limit)
     messages: list[dict[str, Any]] = []
     more = False
-    if after is not None or page == 1 or cursor is not None:
+    if after is not None or page == 1:
         messages, more = await _page(ctx, "#", after, limit)
     return AdminPage(
         data=[RetainedMessage(**m) for m in messages],

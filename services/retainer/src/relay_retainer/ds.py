@@ -16,23 +16,20 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import structlog
 
-from relay_bus import routing, schemas, topics
-from relay_bus.bus import Bus, BusUnavailableError
+from relay_bus import routing, schemas
+from relay_bus.bus import Bus
 from relay_bus.consumers import Received
-from relay_retainer import ds_admin
-from relay_retainer.rounds import Expired
+from relay_retainer import answers, ds_admin
+from relay_retainer.answers import Outcome, b64u, unb64u
 from relay_retainer.streams import StreamHost
 from relay_streams import topics as topic_rules
-from relay_streams.errors import BadInput, Closed, NotFound, WriteFailed
+from relay_streams.errors import BadInput
 from relay_streams.model import MAX_TS, Message
 
 log = structlog.get_logger(__name__)
@@ -47,29 +44,6 @@ READS = frozenset({"streams", "iterator", "next", "describe"})
 STREAMS_PER_PART = 1000
 """Streams per reply record (a stream entry is ~100 bytes: well under Kafka's 1 MiB)."""
 EVERY_PARTITION = frozenset({"streams", "describe", "set_replicas", "join", "leave", "forget"})
-
-
-@dataclass(frozen=True)
-class Outcome:
-    status: int
-    data: dict[str, Any] | None = None
-    code: str | None = None
-    detail: str = ""
-
-
-def _refused(status: int, code: str, error: BaseException) -> Outcome:
-    return Outcome(status, code=code, detail=str(error))
-
-
-def _unb64u(text: str) -> bytes:
-    try:
-        return base64.b64decode(text + "=" * (-len(text) % 4), altchars=b"-_", validate=True)
-    except (binascii.Error, ValueError):
-        raise BadInput("payload is not base64url") from None
-
-
-def _b64u(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
 
 
 class DsRequests:
@@ -108,19 +82,7 @@ class DsRequests:
         reply.add_done_callback(self._replies.discard)
 
     async def _run(self, request: schemas.DsRequest, partition: int) -> Outcome:
-        try:
-            return await self._op(request, partition)
-        except (BadInput, topic_rules.TopicError) as error:
-            return _refused(400, "BAD_REQUEST", error)
-        except NotFound as error:
-            return _refused(404, "NOT_FOUND", error)
-        except Expired as error:
-            return _refused(503, "UNAVAILABLE", error)
-        except (WriteFailed, Closed) as error:
-            return _refused(503, "UNAVAILABLE", error)
-        except Exception as error:  # the store's own faults (corrupt records, ...) included
-            log.exception("ds_request_failed", op=request.op, db=request.db)
-            return _refused(503, "UNAVAILABLE", error)
+        return await answers.guarded(self._op(request, partition), f"ds {request.op} {request.db}")
 
     async def _op(self, request: schemas.DsRequest, partition: int) -> Outcome:
         op, db = request.op, request.db
@@ -152,7 +114,7 @@ class DsRequests:
                 200,
                 {
                     "messages": [
-                        {"topic": m.topic, "payload": _b64u(m.payload), "ts": m.ts}
+                        {"topic": m.topic, "payload": b64u(m.payload), "ts": m.ts}
                         for m in result.messages
                     ],
                     "iterator": routing.address(partition, result.iterator.token()),
@@ -188,7 +150,7 @@ class DsRequests:
             owner = routing.partition_of_topic(m.topic, self.partitions)
             if owner != partition:
                 raise BadInput(f"message {i}: topic belongs to partition {owner}, not {partition}")
-            payload = _unb64u(m.payload)
+            payload = unb64u(m.payload)
             if m.ts is None:
                 out.append((m.topic, payload))
             elif 0 <= m.ts <= MAX_TS:
@@ -213,24 +175,12 @@ class DsRequests:
                 {"streams": streams[i : i + STREAMS_PER_PART]}
                 for i in range(0, max(1, len(streams)), STREAMS_PER_PART)
             ]
+        site = self.host.store.this_site()
         for part, chunk in enumerate(chunks):
-            reply = schemas.DsReply(
-                id=request.id,
-                origin=request.origin,
-                partition=partition,
-                instance=self.instance,
-                site=self.host.store.this_site(),
-                status=outcome.status,
-                data=chunk,
-                code=outcome.code,
-                detail=outcome.detail,
-                part=part,
-                parts=len(chunks),
+            sent = await answers.reply(
+                self.bus, request, partition, self.instance, site, outcome, chunk, part, len(chunks)
             )
-            try:
-                await self.bus.send(topics.INGRESS_INBOX, reply, partition=request.reply_slot)
-            except BusUnavailableError as error:  # the asker times out with 503
-                log.warning("ds_reply_lost", op=request.op, error=str(error))
+            if not sent:
                 return
 
     async def drain(self, budget_s: float = 2.0) -> None:

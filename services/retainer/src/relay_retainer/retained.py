@@ -24,8 +24,6 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -34,14 +32,15 @@ from typing import Any
 import structlog
 from pydantic import BaseModel, Field
 
-from relay_bus import schemas, topics
-from relay_bus.bus import Bus, BusUnavailableError
-from relay_retainer.ds import Outcome
-from relay_retainer.rounds import Expired, Rounds
+from relay_bus import schemas
+from relay_bus.bus import Bus
+from relay_retainer import answers
+from relay_retainer.answers import Outcome, b64u, unb64u
+from relay_retainer.rounds import Rounds
 from relay_runtime import exits
 from relay_runtime.readiness import Readiness
 from relay_streams import topics as topic_rules
-from relay_streams.errors import BadInput, Closed, StreamsError, WriteFailed
+from relay_streams.errors import BadInput, Closed, StreamsError
 from relay_streams.retained import Retained, RetainedFull, RetainedSettings, RetainedStore, Write
 
 log = structlog.get_logger(__name__)
@@ -62,17 +61,6 @@ class RetainedServiceSettings(BaseModel):
     """How often expired messages are deleted (0: never; they are never returned either way)."""
     max_reply_bytes: int = Field(393_216, ge=1024, le=700_000)
     """A `match` answer stops after the message that reaches this size (topics and payloads)."""
-
-
-def b64u(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
-
-
-def unb64u(text: str) -> bytes:
-    try:
-        return base64.b64decode(text + "=" * (-len(text) % 4), altchars=b"-_", validate=True)
-    except (binascii.Error, ValueError):
-        raise BadInput("payload is not base64url") from None
 
 
 def message_json(message: Retained) -> dict[str, Any]:
@@ -220,13 +208,15 @@ class RetainedRequests:
         elif record.op in ("match", "size"):
             found = self._reads.get(record.id)
             if found is None:
-                found = asyncio.ensure_future(self._guarded(self._every(record)))
+                found = asyncio.ensure_future(
+                    answers.guarded(self._every(record), "retained match")
+                )
                 self._reads[record.id] = found
                 while len(self._reads) > READS_REMEMBERED:
                     self._reads.popitem(last=False)
             run = found
         else:
-            run = asyncio.ensure_future(self._guarded(self._read(record)))
+            run = asyncio.ensure_future(answers.guarded(self._read(record), "retained read"))
         self._reply_when_done(record, partition, run)
 
     def _submit(
@@ -242,9 +232,9 @@ class RetainedRequests:
         try:
             write = Write(topic, unb64u(payload), 0, expiry_s, ts)
         except BadInput as error:
-            return asyncio.ensure_future(self._guarded(_raise(error)))
+            return asyncio.ensure_future(answers.guarded(_raise(error), "retained write"))
         done = self.host.submit(write, record.expired)
-        return asyncio.ensure_future(self._guarded(self._durable(done, status)))
+        return asyncio.ensure_future(answers.guarded(self._durable(done, status), "retained write"))
 
     @staticmethod
     async def _durable(done: asyncio.Future[None], status: int) -> Outcome:
@@ -264,21 +254,6 @@ class RetainedRequests:
             raise BadInput("limit must be at least 1")
         found = await self.host.match(record.filter, record.after, record.limit, record.keys_only)
         return Outcome(200, found)
-
-    @staticmethod
-    async def _guarded(operation: Any) -> Outcome:
-        try:
-            result: Outcome = await operation
-            return result
-        except (BadInput, topic_rules.TopicError) as error:
-            return Outcome(400, code="BAD_REQUEST", detail=str(error))
-        except RetainedFull as error:
-            return Outcome(429, code="QUOTA", detail=str(error))
-        except (Expired, WriteFailed, Closed) as error:
-            return Outcome(503, code="UNAVAILABLE", detail=str(error))
-        except Exception as error:  # the store's own faults (corrupt records, ...) included
-            log.exception("retained_request_failed")
-            return Outcome(503, code="UNAVAILABLE", detail=str(error))
 
     def _reply_when_done(
         self,
@@ -303,21 +278,7 @@ class RetainedRequests:
         every = isinstance(record, schemas.RetainedRequest) and record.op in ("match", "size")
         if every and partition != self.owned[0]:
             data = None  # this retainer's data travels once, with its lowest partition
-        reply = schemas.DsReply(
-            id=record.id,
-            origin=record.origin,
-            partition=partition,
-            instance=self.instance,
-            site="",
-            status=outcome.status,
-            data=data,
-            code=outcome.code,
-            detail=outcome.detail,
-        )
-        try:
-            await self.bus.send(topics.INGRESS_INBOX, reply, partition=record.reply_slot)
-        except BusUnavailableError as error:  # the asker times out with 503
-            log.warning("retained_reply_lost", error=str(error))
+        await answers.reply(self.bus, record, partition, self.instance, "", outcome, data)
 
     async def drain(self, budget_s: float = 2.0) -> None:
         """Let answers already under way go out (within `budget_s`), then cancel the rest."""
