@@ -55,9 +55,9 @@ class AppendLog:
 
     def flush(self) -> None:
         """Hand the buffer to the OS. Owner's thread only."""
-        if self._buffer:
-            os.write(self._fd, self._buffer)
-            self._buffer.clear()
+        buffer = self._buffer
+        while buffer:  # a short write (a full disk) keeps the rest for the next flush
+            del buffer[: os.write(self._fd, buffer)]
         self.flushed = self.written
 
     def fdatasync_to(self, seq: int) -> None:
@@ -70,6 +70,15 @@ class AppendLog:
             target = self.flushed
             os.fdatasync(self._fd)
             self.synced = max(self.synced, target)
+
+    @property
+    def fd(self) -> int:
+        """The current file's descriptor, for an fdatasync run outside `fdatasync_to`."""
+        return self._fd
+
+    def synced_through(self, seq: int) -> None:
+        """Record that an fdatasync of `fd`, started once `flushed` was `seq`, has finished."""
+        self.synced = max(self.synced, seq)
 
     def sync_to(self, seq: int) -> None:
         """Flush and fdatasync up to `seq`. Owner's thread only."""

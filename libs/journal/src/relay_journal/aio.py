@@ -9,10 +9,16 @@ Invariants:
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
+
 from relay_durable.group_commit import GroupCommit
 from relay_journal.journal import QueueInfo, QueueJournal
 from relay_journal.records import Message
 from relay_journal.settings import FsyncPolicy, JournalSettings
+
+
+async def _done() -> None:
+    return None
 
 
 class AsyncJournal:
@@ -21,17 +27,22 @@ class AsyncJournal:
         self.journal.auto_sync = False
         self.settings = settings
         self._commit = GroupCommit(self.journal.wal.file)
+        self._always = settings.fsync is FsyncPolicy.ALWAYS
 
     async def start(self) -> None:
         if self.settings.fsync is FsyncPolicy.BATCH:
             self._commit.start_batching(self.settings.batch_interval_ms / 1000)
 
-    async def durable(self, lsn: int) -> None:
+    def durable(self, lsn: int) -> Awaitable[None]:
         """Wait until the log is durable up to `lsn` (under `ALWAYS`). For callers that apply a
         batch of changes through `self.journal` (as the queue-writer applies a batch of Kafka
-        commands) and wait once: the batch shares fsync rounds without an await per change."""
-        if self.settings.fsync is FsyncPolicy.ALWAYS:
-            await self._commit.durable(lsn)
+        commands) and wait once: the batch shares fsync rounds without an await per change.
+
+        A plain function returning the group commit's coroutine: no frame of its own on the
+        write path."""
+        if self._always:
+            return self._commit.durable(lsn)
+        return _done()
 
     async def write(
         self, queue_id: str, msg_id: bytes, body: bytes, *, ts_ms: int, expires_ms: int = 0
