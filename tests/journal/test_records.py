@@ -87,3 +87,11 @@ def test_log_record_round_trip(message: Message, file: str, lsn: int, queue: str
         decoded, end = records.decode_log(data, 0)
         assert end == len(data)
         assert decoded._replace(message_bytes=b"") == record._replace(message_bytes=b"")
+    # The write path's fast form is the same bytes.
+    prefix = records.write_log_prefix(queue.encode(), file.encode())
+    flags = records.FLAG_QUOTA if message.quota else 0
+    fast = records.encode_write(
+        lsn, prefix, message.msg_id, message.ts_ms, message.expires_ms, message.body, flags
+    )
+    logged = records.encode_log(LogRecord(Op.WRITE, lsn, queue, file=file, message=message))
+    assert fast == (records.encode_message(message), logged)

@@ -35,11 +35,20 @@ import structlog
 from relay_durable.appendlog import fsync_dir
 from relay_journal import errors, layout, records
 from relay_journal.queue import OpenQueue, new_file_id, read_state_file, span_bytes
-from relay_journal.records import LogRecord, Message, Op
+from relay_journal.records import (
+    FLAG_QUOTA,
+    MAX_BODY_BYTES,
+    MSG_ID_BYTES,
+    LogRecord,
+    Message,
+    Op,
+    encode_write,
+)
 from relay_journal.settings import FsyncPolicy, JournalSettings
 from relay_journal.wal import Wal, list_segments, next_generation, read_segments
 
 log = structlog.get_logger(__name__)
+_monotonic = time.monotonic
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -78,6 +87,10 @@ class QueueJournal:
         """Key → value of the last `mark` (e.g. a Kafka partition → the next offset to apply)."""
         self._batch_due = 0.0
         self._replaying = False
+        # The write path reads these on every call: plain attributes, not settings lookups.
+        self._max_queue_messages = settings.max_queue_messages
+        self._max_file_messages = settings.max_file_messages
+        self._segment_limit = settings.wal_segment_bytes
         self._emptied_in_replay: set[str] = set()
         segments = list_segments(self.root)
         self.wal = Wal(self.root, next_generation(self.root))
@@ -183,39 +196,41 @@ class QueueJournal:
 
         The hot path of the engine: it encodes the message once and the log record from it,
         with no intermediate record object (a replay of the record goes through `apply`)."""
-        if len(msg_id) != records.MSG_ID_BYTES:
+        if len(msg_id) != MSG_ID_BYTES:
             raise ValueError("msg_id must be 24 bytes")
-        if len(body) > records.MAX_BODY_BYTES:
+        if len(body) > MAX_BODY_BYTES:
             raise ValueError("body too large")
-        queue = self._open.get(queue_id)
+        opened = self._open
+        queue = opened.get(queue_id)
         if queue is None:
             queue = self._queue(queue_id)
         else:
-            self._open.move_to_end(queue_id)
-            queue.last_used = time.monotonic()  # as `_queue` does: a written queue is not idle
+            opened.move_to_end(queue_id)
+            queue.last_used = _monotonic()  # as `_queue` does: a written queue is not idle
         state = queue.state
         if state.suspended:
             raise errors.QueueSuspended(queue_id)
         if not state.can_write:
             raise errors.QuotaExceeded(queue_id)
-        quota = state.size >= self.settings.max_queue_messages
-        message = (
-            Message(msg_id, ts_ms, 0, b"", True)
-            if quota
-            else Message(msg_id, ts_ms, expires_ms, body)
-        )
-        data = records.encode_message(message)
+        quota = state.size >= self._max_queue_messages
         write = state.write
         # Rotate at `max_file_messages`. A queue that was drained goes on in the same file (read
         # and write positions meet there): a fresh file per message of a queue read as fast as
         # it is written cost an unlink and a create each, a fifth of the queue-writer's time.
         # What a drained file holds is removed with the folder when the queue closes empty.
-        file = new_file_id() if write.msg >= self.settings.max_file_messages else write.file
+        file = new_file_id() if write.msg >= self._max_file_messages else write.file
         wal = self.wal
         lsn = wal.next_lsn()
-        wal.append_bytes(lsn, records.encode_write_log(lsn, queue.id_bytes, file.encode(), data))
-        queue.append(message, file, data, lsn)
-        self._after_log(lsn)
+        prefix = queue.log_prefix(file)
+        if quota:
+            data, logged = encode_write(lsn, prefix, msg_id, ts_ms, 0, b"", FLAG_QUOTA)
+        else:
+            data, logged = encode_write(lsn, prefix, msg_id, ts_ms, expires_ms, body, 0)
+        log_file = wal.file
+        log_file.append(lsn, logged)
+        queue.append(file, data, quota, lsn)
+        if self.auto_sync or log_file.file_bytes >= self._segment_limit:
+            self._after_log(lsn)
         if quota:
             raise errors.QuotaExceeded(queue_id)
         return lsn

@@ -35,6 +35,9 @@ STATE_FILE = layout.STATE_FILE
 UNWRITTEN_LIMIT = 64 * 1024  # bytes of appended records held before one pwrite writes them
 
 
+_new_tuple = tuple.__new__  # a NamedTuple without its Python-level __new__ (the write path)
+
+
 def new_file_id() -> str:
     return secrets.token_hex(4)
 
@@ -56,6 +59,8 @@ class OpenQueue:
     ) -> None:
         self.id = queue_id
         self.id_bytes = queue_id.encode()
+        self._prefix_file = ""
+        self._prefix = b""
         self.folder = folder
         self.state = state
         self.on_disk = on_disk
@@ -257,7 +262,9 @@ class OpenQueue:
         """Apply one logged change (live or during replay); sets `state.lsn`."""
         if record.op is records.Op.WRITE:
             assert record.message is not None
-            self._apply_write(record.message, record.file, record.message_bytes)
+            message = record.message
+            data = record.message_bytes or records.encode_message(message)
+            self._apply_write(file_id=record.file, data=data, quota=message.quota)
         elif record.op is records.Op.ACK:
             self._apply_ack(record.msg_id)
         elif record.op is records.Op.SUSPEND:
@@ -265,12 +272,20 @@ class OpenQueue:
             self.state.suspended = True
         self.state.lsn = record.lsn
 
-    def append(self, message: Message, file_id: str, data: bytes, lsn: int) -> None:
-        """The live write path: `apply` of a WRITE record without building the record."""
+    def log_prefix(self, file_id: str) -> bytes:
+        """`records.write_log_prefix` of this queue and `file_id`, kept until the file changes."""
+        if file_id != self._prefix_file:
+            self._prefix_file = file_id
+            self._prefix = records.write_log_prefix(self.id_bytes, file_id.encode())
+        return self._prefix
+
+    def append(self, file_id: str, data: bytes, quota: bool, lsn: int) -> None:
+        """The live write path: `apply` of a WRITE record without building the record.
+        `data` is the encoded message."""
         state = self.state
         write = state.write
         if not self.on_disk or file_id != write.file or self._write_fd < 0:
-            self._apply_write(message, file_id, data)
+            self._apply_write(file_id, data, quota)
         else:
             if not self._unwritten:
                 self._unwritten_at = write.byte
@@ -278,13 +293,13 @@ class OpenQueue:
             self._unwritten_bytes += len(data)
             if self._unwritten_bytes >= UNWRITTEN_LIMIT:
                 self._write_unwritten()
-            state.write = Pos(file_id, write.msg + 1, write.byte + len(data))
+            state.write = _new_tuple(Pos, (file_id, write.msg + 1, write.byte + len(data)))
             state.size += 1
-            if message.quota:
+            if quota:
                 state.can_write = False
         state.lsn = lsn
 
-    def _apply_write(self, message: Message, file_id: str, data: bytes) -> None:
+    def _apply_write(self, file_id: str, data: bytes, quota: bool) -> None:
         self._write_unwritten()
         self._ensure_folder()
         state = self.state
@@ -303,12 +318,11 @@ class OpenQueue:
                 state.read = write
                 self.head = None
             state.write = write
-        data = data or records.encode_message(message)
         # pwrite at the recorded position: bytes past it (a torn append) are overwritten.
         os.pwrite(self._writer(), data, write.byte)
         state.write = Pos(write.file, write.msg + 1, write.byte + len(data))
         state.size += 1
-        if message.quota:
+        if quota:
             state.can_write = False
 
     def _apply_ack(self, msg_id: bytes) -> None:

@@ -209,19 +209,26 @@ def encode_log(record: LogRecord) -> bytes:
 _WRITE_OP = int(Op.WRITE)
 
 
-def encode_write_log(lsn: int, queue: bytes, file: bytes, message_bytes: bytes) -> bytes:
-    """`encode_log` of a WRITE record from already-encoded parts (the write path's fast form;
-    the bytes are identical)."""
-    payload = b"".join(
-        (
-            _LOG_HEAD.pack(1, _WRITE_OP, lsn, len(queue)),
-            queue,
-            bytes((len(file),)),
-            file,
-            message_bytes,
-        )
-    )
-    return _LOG_FRAME.pack(len(payload), zlib.crc32(payload)) + payload
+_WRITE_HEAD = struct.Struct(">BBQ")  # `_LOG_HEAD` up to the queue's length byte
+
+
+def write_log_prefix(queue: bytes, file: bytes) -> bytes:
+    """The part of a WRITE record that depends only on its queue and file (the write path
+    keeps it per queue)."""
+    return bytes((len(queue),)) + queue + bytes((len(file),)) + file
+
+
+def encode_write(
+    lsn: int, prefix: bytes, msg_id: bytes, ts_ms: int, expires_ms: int, body: bytes, flags: int
+) -> tuple[bytes, bytes]:
+    """The write path's fast form of `encode_message` and of `encode_log` of the WRITE record
+    holding it, in one call and without a `Message` (the bytes are identical). `prefix` is
+    `write_log_prefix(queue, file)`."""
+    fixed = _MSG_FIXED.pack(msg_id, ts_ms, expires_ms)
+    crc = zlib.crc32(body, zlib.crc32(fixed, flags))
+    message = _MSG_HEAD.pack(1, flags, len(body), crc) + fixed + body
+    payload = b"".join((_WRITE_HEAD.pack(1, _WRITE_OP, lsn), prefix, message))
+    return message, _LOG_FRAME.pack(len(payload), zlib.crc32(payload)) + payload
 
 
 def decode_log(data: bytes | memoryview, offset: int) -> tuple[LogRecord, int]:

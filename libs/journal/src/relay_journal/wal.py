@@ -105,10 +105,6 @@ class Wal:
     def append(self, record: records.LogRecord) -> None:
         self.file.append(record.lsn, records.encode_log(record))
 
-    def append_bytes(self, lsn: int, data: bytes) -> None:
-        """`append` of an already-encoded record (see `records.encode_write_log`)."""
-        self.file.append(lsn, data)
-
     def flush(self) -> None:
         """Hand buffered records to the OS, in lsn order; must run before any queue's state
         line is written or its folder removed."""
