@@ -8,7 +8,11 @@ Measures, in one run on this machine:
 - `durable_appends_per_s`: journal writes of 256-byte bodies under FsyncPolicy.ALWAYS (each
   write returns once durable) from `--queues` concurrently written queues (one asyncio writer
   task per queue), and `ratio` = durable / raw;
-- latency percentiles of those durable writes;
+- latency percentiles of those durable writes, `writes_per_fsync` (how many shared each
+  fdatasync round), and `sync_backend` (where the fdatasyncs ran: `uring`, `aio` or `thread`,
+  see `relay_durable.kernel_sync`);
+- `durable_batched_appends_per_s` and `ratio_batched`: the queue-writer's own pattern, one
+  write per queue applied, then one wait for durability (the next batch is applied meanwhile);
 - `deliver_ack_per_s`: peek + ack (durable) of what was written, same concurrency;
 - `rss_mb_100k_idle_queues`: resident-memory growth of a fresh process after creating
   `--idle-queues` queues with 3 messages each and closing the idle ones;
@@ -32,6 +36,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 import report
@@ -69,7 +74,7 @@ def raw_group_commit(folder: Path, seconds: float) -> float:
     return n / elapsed
 
 
-async def durable_appends(root: Path, queues: int, seconds: float) -> dict[str, float]:
+async def durable_appends(root: Path, queues: int, seconds: float) -> dict[str, Any]:
     journal = AsyncJournal(
         JournalSettings(root=root, max_queue_messages=10**6 - 1, max_file_messages=10**6)
     )
@@ -82,17 +87,22 @@ async def durable_appends(root: Path, queues: int, seconds: float) -> dict[str, 
     stop = time.perf_counter() + seconds
 
     async def writer(qid: str) -> int:
+        # One clock read per write: it ends this write's latency and starts the next one's.
         count = 0
-        while time.perf_counter() < stop:
-            t0 = time.perf_counter()
+        now = time.perf_counter()
+        while now < stop:
             await journal.write(qid, next_msg_id(), BODY, ts_ms=1)
-            latencies.append(time.perf_counter() - t0)
+            latency = time.perf_counter() - now
+            now += latency
+            latencies.append(latency)
             count += 1
         return count
 
+    rounds = journal.commit.rounds
     started = time.perf_counter()
     written = sum(await asyncio.gather(*(writer(q) for q in ids)))
     elapsed = time.perf_counter() - started
+    rounds = journal.commit.rounds - rounds
 
     # The queue-writer's own pattern: a batch of commands (one per queue) applied, then one
     # wait for durability; the next batch is applied while that fsync runs.
@@ -122,6 +132,7 @@ async def durable_appends(root: Path, queues: int, seconds: float) -> dict[str, 
     started = time.perf_counter()
     delivered = sum(await asyncio.gather(*(drainer(q) for q in ids)))
     drain_elapsed = time.perf_counter() - started
+    backend = journal.commit.backend
     await journal.close()
     latencies.sort()
     return {
@@ -131,6 +142,8 @@ async def durable_appends(root: Path, queues: int, seconds: float) -> dict[str, 
         "append_p99_ms": latencies[int(len(latencies) * 0.99)] * 1000,
         "deliver_ack_per_s": delivered / drain_elapsed,
         "written": written,
+        "writes_per_fsync": written / max(rounds, 1),
+        "sync_backend": backend,
     }
 
 
@@ -223,6 +236,8 @@ def main() -> None:
         "ratio_batched": round(durable["durable_batched_appends_per_s"] / raw, 3),
         "append_p50_ms": round(durable["append_p50_ms"], 3),
         "append_p99_ms": round(durable["append_p99_ms"], 3),
+        "writes_per_fsync": round(durable["writes_per_fsync"], 1),
+        "sync_backend": durable["sync_backend"],
         "deliver_ack_per_s": round(durable["deliver_ack_per_s"]),
         "idle_queues": args.idle_queues,
         "rss_mb_100k_idle_queues": idle["rss_mb"] and round(idle["rss_mb"], 1),

@@ -10,7 +10,7 @@ import pytest
 
 from relay_durable.appendlog import AppendLog
 from relay_durable.group_commit import GroupCommit
-from relay_durable.kernel_sync import open_kernel_sync
+from relay_durable.kernel_sync import KernelSync, open_kernel_sync
 
 
 def test_append_log_keeps_order_and_counters(tmp_path: Path) -> None:
@@ -30,24 +30,20 @@ def test_append_log_keeps_order_and_counters(tmp_path: Path) -> None:
     assert (tmp_path / "b.log").read_bytes() == b"7,"
 
 
-BACKENDS = [("uring",), ("aio",), ()]
+BACKENDS = [(("uring",), 1), (("uring",), 2), (("aio",), 1), ((), 1)]
+BACKEND_IDS = ["uring", "uring-depth-2", "aio", "thread"]
 """The fdatasync paths of `GroupCommit`: io_uring, native AIO, and a worker thread (no kernel
 backend). Each is checked to be the one in use: a host refusing one would otherwise make a
 test of it pass on another."""
 
 
-def _backend(commit: GroupCommit) -> str:
-    kernel = commit._kernel  # which path ran is the point of the check
-    return kernel.name if kernel is not None else "thread"
-
-
-@pytest.mark.parametrize("backends", BACKENDS, ids=["uring", "aio", "thread"])
+@pytest.mark.parametrize(("backends", "depth"), BACKENDS, ids=BACKEND_IDS)
 def test_group_commit_shares_rounds_and_survives_a_cancelled_waiter(
-    tmp_path: Path, backends: tuple[str, ...]
+    tmp_path: Path, backends: tuple[str, ...], depth: int
 ) -> None:
     async def run() -> None:
         log = AppendLog(tmp_path / "g.log")
-        commit = GroupCommit(log, kernel_sync=backends)
+        commit = GroupCommit(log, kernel_sync=backends, depth=depth)
 
         async def writer(n: int) -> int:
             log.append(n, b"x" * 10)
@@ -61,59 +57,61 @@ def test_group_commit_shares_rounds_and_survives_a_cancelled_waiter(
         assert isinstance(results[10], asyncio.CancelledError)
         assert [r for i, r in enumerate(results) if i != 10] == [n for n in range(1, 51) if n != 11]
         assert log.synced == 50
-        assert _backend(commit) == (backends[0] if backends else "thread")
+        assert commit.backend == (backends[0] if backends else "thread")
         await commit.close()
         log.close()
 
     asyncio.run(run())
 
 
-@pytest.mark.parametrize("backends", BACKENDS, ids=["uring", "aio", "thread"])
+@pytest.mark.parametrize(("backends", "depth"), BACKENDS, ids=BACKEND_IDS)
 def test_group_commit_overlaps_the_disk_with_the_woken_writers(
-    tmp_path: Path, backends: tuple[str, ...]
+    tmp_path: Path, backends: tuple[str, ...], depth: int
 ) -> None:
     """Writers that each wait for their own change settle into two halves: when a round ends,
     the next one's fdatasync is already running as its writers wake. (Starting each round only
     once the woken writers had all appended left the disk idle while they ran, and the loop
     idle while it synced.)"""
 
-    async def run() -> tuple[int, int, int]:
+    async def run() -> tuple[int, int, int, int]:
         log = AppendLog(tmp_path / "o.log")
-        commit = GroupCommit(log, kernel_sync=backends)
+        commit = GroupCommit(log, kernel_sync=backends, depth=depth)
         seq = 0
-        overlapped = woken = 0
+        overlapped = woken = peak = 0
 
         async def writer() -> None:
-            nonlocal seq, overlapped, woken
+            nonlocal seq, overlapped, woken, peak
             for _ in range(20):
                 seq += 1
                 log.append(seq, b"x" * 256)
+                peak = max(peak, commit.in_flight)
                 await commit.durable(seq)
                 woken += 1
-                overlapped += commit._syncing is not None
+                overlapped += commit.in_flight > 0
 
         await asyncio.gather(*(writer() for _ in range(100)))
         rounds = commit.rounds
         await commit.close()
         log.close()
         assert log.synced == seq == 2000
-        return overlapped, woken, rounds
+        return overlapped, woken, rounds, peak
 
-    overlapped, woken, rounds = asyncio.run(run())
+    overlapped, woken, rounds, peak = asyncio.run(run())
+    assert peak == depth
     assert overlapped > woken * 0.7, (overlapped, woken)
-    assert rounds <= 2000 / 40, rounds  # shared: about two rounds per 100 writes
+    assert rounds <= 2000 / 25, rounds  # shared: 100 writers in two halves
 
 
-@pytest.mark.parametrize("backends", BACKENDS, ids=["uring", "aio", "thread"])
+@pytest.mark.parametrize(("backends", "depth"), BACKENDS, ids=BACKEND_IDS)
 def test_a_failed_fdatasync_fails_its_waiters_and_every_later_one(
-    tmp_path: Path, backends: tuple[str, ...]
+    tmp_path: Path, backends: tuple[str, ...], depth: int
 ) -> None:
     """A real fdatasync error: the log's descriptor is made a pipe's, which the kernel cannot
     fdatasync (EINVAL). After it, nothing is reported durable, even once the file is back."""
 
     async def run() -> None:
         log = AppendLog(tmp_path / "f.log")
-        commit = GroupCommit(log, kernel_sync=backends)
+        commit = GroupCommit(log, kernel_sync=backends, depth=depth)
         log.append(1, b"a")
         await commit.durable(1)
         log.append(2, b"b")
@@ -138,29 +136,44 @@ def test_a_failed_fdatasync_fails_its_waiters_and_every_later_one(
     asyncio.run(run())
 
 
+def _reap_all(sync: KernelSync, count: int) -> dict[int, int]:
+    finished: dict[int, int] = {}
+    while len(finished) < count:
+        assert select.select([sync.eventfd], [], [], 5)[0]  # the eventfd tells one finished
+        for tag, result in sync.reap():
+            assert tag not in finished  # reported once
+            finished[tag] = result
+    return finished
+
+
 @pytest.mark.parametrize("name", ["uring", "aio"])
-def test_kernel_sync_reports_each_fdatasync_once_with_its_result(tmp_path: Path, name: str) -> None:
-    sync = open_kernel_sync((name,))
+def test_kernel_sync_reports_each_fdatasync_once_with_its_tag_and_result(
+    tmp_path: Path, name: str
+) -> None:
+    sync = open_kernel_sync((name,), depth=2)
     assert sync is not None
     assert sync.name == name
+    assert sync.depth == (2 if name == "uring" else 1)  # AIO: one at a time
     fd = os.open(tmp_path / "k.log", os.O_WRONLY | os.O_CREAT, 0o600)
     read_end, write_end = os.pipe()
     try:
-        assert sync.reap() is None  # nothing in flight
-        os.write(fd, b"x" * 4096)
-        sync.submit(fd)
+        assert sync.reap() == []  # nothing in flight
+        tags = list(range(7, 7 + sync.depth))
+        for tag in tags:
+            os.write(fd, b"x" * 4096)
+            sync.submit(fd, tag)
         with pytest.raises(RuntimeError):
-            sync.submit(fd)  # one at a time
-        assert select.select([sync.eventfd], [], [], 5)[0]  # the eventfd tells it finished
-        assert sync.reap() == 0
-        assert sync.reap() is None  # reported once
+            sync.submit(fd, 99)  # no more than `depth`
+        assert _reap_all(sync, len(tags)) == dict.fromkeys(tags, 0)
+        assert sync.in_flight == 0
+        assert sync.reap() == []
         try:  # a pipe cannot be fdatasync'ed: io_uring says so in the result, AIO at once
-            sync.submit(read_end)
-            result = sync.reap(wait=True)
+            sync.submit(read_end, 5)
+            result = _reap_all(sync, 1)[5]
         except OSError as error:
             result = -(error.errno or 0)
         assert result == -errno.EINVAL
-        sync.submit(fd)
+        sync.submit(fd, 6)
     finally:
         sync.close()  # waits for the one in flight
         for each in (fd, read_end, write_end):

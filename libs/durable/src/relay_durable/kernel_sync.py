@@ -1,9 +1,9 @@
 """fdatasync without a Python thread: the kernel runs it and signals an eventfd when done.
 
 Invariants:
-- at most one fdatasync is in flight per backend; `submit` refuses a second one;
-- a completion is reported exactly once, through `reap`, with the fdatasync's own result
-  (0, or the negated errno it failed with); an error never reads as success;
+- at most `depth` fdatasyncs are in flight per backend; `submit` refuses one more;
+- each completion is reported exactly once, through `reap`, with its tag and the fdatasync's
+  own result (0, or the negated errno it failed with); an error never reads as success;
 - `open_kernel_sync` returns the first backend the kernel accepts, or None (callers then
   fdatasync on a worker thread):
   - `uring`: io_uring (`liburing`), whose fdatasync runs on a kernel worker that any CPU may
@@ -75,75 +75,105 @@ def _numbers() -> tuple[int, int, int, int] | None:
 
 class KernelSync(Protocol):
     name: str
+    depth: int
+    """fdatasyncs that may be in flight at once."""
     eventfd: int
-    """Readable once the fdatasync in flight has finished."""
-    in_flight: bool
+    """Readable once an fdatasync in flight has finished."""
+    in_flight: int
 
-    def submit(self, fd: int) -> None:
-        """Start an fdatasync of `fd`; `OSError` if the kernel refuses it."""
+    def submit(self, fd: int, tag: int) -> None:
+        """Start an fdatasync of `fd`, reported with `tag`; `OSError` if the kernel refuses
+        it."""
 
-    def reap(self, *, wait: bool = False) -> int | None:
-        """The result of the fdatasync in flight once it has finished (0 or -errno), else None.
-        With `wait`, block until it finishes."""
+    def reap(self) -> list[tuple[int, int]]:
+        """`(tag, result)` of each fdatasync finished since the last call, without blocking;
+        `result` is 0 or the negated errno."""
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Wait for the fdatasyncs in flight, then release the kernel's resources."""
+
+
+def _full(sync: KernelSync) -> None:
+    if sync.in_flight >= sync.depth:
+        raise RuntimeError(f"{sync.in_flight} fdatasyncs are already in flight")
+
+
+def _signalled(eventfd: int) -> bool:
+    """Consume the eventfd's count; False if nothing has finished since."""
+    try:
+        os.eventfd_read(eventfd)
+    except BlockingIOError:
+        return False
+    return True
 
 
 class UringSync:
-    """One io_uring with its eventfd."""
+    """One io_uring with its eventfd. Its fdatasyncs run beside each other (on this disk two
+    in flight reach ~1.4x the fdatasyncs per second of one) and may finish in any order."""
 
     name = "uring"
 
-    def __init__(self) -> None:
+    def __init__(self, depth: int = 1) -> None:
         try:
             import liburing
         except ImportError as error:
             raise OSError(f"liburing is not installed: {error}") from error
         self._uring = liburing
+        self.depth = depth
         self._ring = liburing.Ring()
         self._cqe = liburing.Cqe()
-        liburing.io_uring_queue_init(2, self._ring)
+        liburing.io_uring_queue_init(max(2, depth), self._ring)
         self.eventfd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         try:
             liburing.io_uring_register_eventfd(self._ring, self.eventfd)
         except OSError:
             self._close_ring()
             raise
-        self.in_flight = False
+        self.in_flight = 0
 
-    def submit(self, fd: int) -> None:
-        if self.in_flight:
-            raise RuntimeError("an fdatasync is already in flight")
+    def submit(self, fd: int, tag: int) -> None:
+        _full(self)
         uring = self._uring
         sqe = uring.io_uring_get_sqe(self._ring)
         if sqe is None:
             raise OSError(errno.EBUSY, "io_uring: no free submission entry")
         uring.io_uring_prep_fsync(sqe, fd, uring.IORING_FSYNC_DATASYNC)
+        uring.io_uring_sqe_set_data64(sqe, tag)
         uring.io_uring_submit(self._ring)
-        self.in_flight = True
+        self.in_flight += 1
 
-    def reap(self, *, wait: bool = False) -> int | None:
-        if not self.in_flight:
-            return None
-        if not _finished(self.eventfd, wait):
-            return None
+    def reap(self) -> list[tuple[int, int]]:
+        finished: list[tuple[int, int]] = []
+        if self.in_flight and _signalled(self.eventfd):
+            while self.in_flight and self._take(finished, wait=False):
+                pass
+        return finished
+
+    def _take(self, finished: list[tuple[int, int]], *, wait: bool) -> bool:
         uring = self._uring
-        uring.io_uring_wait_cqe(self._ring, self._cqe)
+        try:
+            if wait:
+                uring.io_uring_wait_cqe(self._ring, self._cqe)
+            else:
+                uring.io_uring_peek_cqe(self._ring, self._cqe)
+        except BlockingIOError:
+            return False
         entry = self._cqe[0]
         assert entry is not None
         try:
             result = int(entry.res or 0)
         except OSError as error:  # the binding raises a negative result
             result = -(error.errno or errno.EIO)
+        finished.append((int(entry.user_data), result))
         uring.io_uring_cqe_seen(self._ring, entry)
-        self.in_flight = False
-        return result
+        self.in_flight -= 1
+        return True
 
     def close(self) -> None:
         if self.eventfd < 0:
             return
-        if self.in_flight:
-            self.reap(wait=True)
+        while self.in_flight:
+            self._take([], wait=True)
         self._close_ring()
 
     def _close_ring(self) -> None:
@@ -152,19 +182,12 @@ class UringSync:
         self.eventfd = -1
 
 
-def _finished(eventfd: int, wait: bool) -> bool:
-    """Consume the eventfd's count; False if nothing has finished (and not `wait`)."""
-    try:
-        os.eventfd_read(eventfd)
-    except BlockingIOError:
-        return wait
-    return True
-
-
 class AioSync:
-    """One native AIO context and its eventfd."""
+    """One native AIO context and its eventfd, one fdatasync at a time (its kernel worker
+    runs on the submitting CPU: a second one in flight would not run beside the first)."""
 
     name = "aio"
+    depth = 1
 
     def __init__(self) -> None:
         numbers = _numbers()
@@ -183,50 +206,54 @@ class AioSync:
         )
         self._iocbs = (ctypes.POINTER(_IoCb) * 1)(ctypes.pointer(self._iocb))
         self._event = _IoEvent()
-        self.in_flight = False
+        self.in_flight = 0
 
-    def submit(self, fd: int) -> None:
-        if self.in_flight:
-            raise RuntimeError("an fdatasync is already in flight")
+    def submit(self, fd: int, tag: int) -> None:
+        _full(self)
         self._iocb.aio_fildes = fd
+        self._iocb.aio_data = tag
         if self._libc.syscall(self._submit, self._ctx, 1, self._iocbs) != 1:
             code = ctypes.get_errno()
             raise OSError(code, f"io_submit: {os.strerror(code)}")
-        self.in_flight = True
+        self.in_flight = 1
 
-    def reap(self, *, wait: bool = False) -> int | None:
-        if not self.in_flight:
-            return None
-        if not _finished(self.eventfd, wait):
-            return None
-        # Finished (the kernel posts the event before it signals the eventfd), or waiting.
+    def reap(self) -> list[tuple[int, int]]:
+        if not self.in_flight or not _signalled(self.eventfd):
+            return []
+        # The kernel posts the event before it signals the eventfd: this does not block.
+        return [self._take()]
+
+    def _take(self) -> tuple[int, int]:
         event = ctypes.byref(self._event)
         while (got := self._libc.syscall(self._getevents, self._ctx, 1, 1, event, None)) != 1:
             code = ctypes.get_errno()
             if got < 0 and code == errno.EINTR:
                 continue
             raise OSError(code, f"io_getevents: {os.strerror(code)}")
-        self.in_flight = False
-        return int(self._event.res)
+        self.in_flight = 0
+        return int(self._event.data), int(self._event.res)
 
     def close(self) -> None:
         if self.eventfd < 0:
             return
         if self.in_flight:
-            self.reap(wait=True)
+            self._take()
         self._libc.syscall(self._destroy, self._ctx)
         os.close(self.eventfd)
         self.eventfd = -1
 
 
-BACKENDS: dict[str, type[UringSync] | type[AioSync]] = {"uring": UringSync, "aio": AioSync}
-
-
-def open_kernel_sync(backends: tuple[str, ...] = ("uring", "aio")) -> KernelSync | None:
-    """The first of `backends` this host accepts, or None."""
+def open_kernel_sync(
+    backends: tuple[str, ...] = ("uring", "aio"), *, depth: int = 1
+) -> KernelSync | None:
+    """The first of `backends` this host accepts, or None. `depth` is io_uring's."""
     for name in backends:
         try:
-            return BACKENDS[name]()
+            if name == "uring":
+                return UringSync(depth)
+            if name == "aio":
+                return AioSync()
+            raise ValueError(f"unknown fdatasync backend {name!r}")
         except OSError as error:
             log.info("kernel_sync_unavailable", backend=name, error=str(error))
     return None

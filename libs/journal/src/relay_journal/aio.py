@@ -26,12 +26,12 @@ class AsyncJournal:
         self.journal = QueueJournal(settings)
         self.journal.auto_sync = False
         self.settings = settings
-        self._commit = GroupCommit(self.journal.wal.file)
+        self.commit = GroupCommit(self.journal.wal.file)
         self._always = settings.fsync is FsyncPolicy.ALWAYS
 
     async def start(self) -> None:
         if self.settings.fsync is FsyncPolicy.BATCH:
-            self._commit.start_batching(self.settings.batch_interval_ms / 1000)
+            self.commit.start_batching(self.settings.batch_interval_ms / 1000)
 
     def durable(self, lsn: int) -> Awaitable[None]:
         """Wait until the log is durable up to `lsn` (under `ALWAYS`). For callers that apply a
@@ -41,7 +41,7 @@ class AsyncJournal:
         A plain function returning the group commit's coroutine: no frame of its own on the
         write path."""
         if self._always:
-            return self._commit.durable(lsn)
+            return self.commit.durable(lsn)
         return _done()
 
     async def write(
@@ -85,5 +85,5 @@ class AsyncJournal:
         return self.journal.info(queue_id)
 
     async def close(self) -> None:
-        await self._commit.close()
+        await self.commit.close()
         self.journal.close()
