@@ -74,9 +74,16 @@ def raw_group_commit(folder: Path, seconds: float) -> float:
     return n / elapsed
 
 
-async def durable_appends(root: Path, queues: int, seconds: float) -> dict[str, Any]:
+async def durable_appends(
+    root: Path, queues: int, seconds: float, backends: tuple[str, ...]
+) -> dict[str, Any]:
     journal = AsyncJournal(
-        JournalSettings(root=root, max_queue_messages=10**6 - 1, max_file_messages=10**6)
+        JournalSettings(
+            root=root,
+            max_queue_messages=10**6 - 1,
+            max_file_messages=10**6,
+            fsync_backends=backends,
+        )
     )
     await journal.start()
     ids = [queue_id() for _ in range(queues)]
@@ -195,6 +202,12 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--idle-queues", type=int, default=100_000)
     parser.add_argument(
+        "--sync",
+        default="uring,aio",
+        help="fdatasync backends to try in order (relay_durable.kernel_sync); 'thread' for none."
+        " Kubernetes' default seccomp profile refuses io_uring: 'aio' is what a pod gets there",
+    )
+    parser.add_argument(
         "--dir", type=Path, default=None, help="where to write (default: a temp dir under ./var)"
     )
     parser.add_argument("--child-idle", nargs=2, help=argparse.SUPPRESS)
@@ -214,7 +227,10 @@ def main() -> None:
     try:
         raws = [raw_group_commit(work, args.seconds / 2) for _ in range(2)]
         raw = statistics.median(raws)
-        durable = asyncio.run(durable_appends(work / "durable", args.queues, args.seconds))
+        backends = tuple(b for b in args.sync.split(",") if b and b != "thread")
+        durable = asyncio.run(
+            durable_appends(work / "durable", args.queues, args.seconds, backends)
+        )
         raw_after = raw_group_commit(work, args.seconds / 2)
         raw = statistics.median([*raws, raw_after])
         idle = {"rss_mb": None, "create_s": None}

@@ -531,27 +531,20 @@ def test_async_journal_under_each_fsync_policy(root: Path, policy: FsyncPolicy) 
     asyncio.run(run())
 
 
-def test_group_commit_shares_fsyncs(root: Path) -> None:
-    async def run() -> int:
-        journal = AsyncJournal(JournalSettings(root=root))
+@pytest.mark.parametrize("backends", [("uring",), ("aio",), ()], ids=["uring", "aio", "thread"])
+def test_group_commit_shares_fsyncs(root: Path, backends: tuple[str, ...]) -> None:
+    async def run() -> tuple[int, str]:
+        journal = AsyncJournal(JournalSettings(root=root, fsync_backends=backends))
         await journal.start()
-        calls = 0
-        original = os.fdatasync
-
-        def counting(fd: int) -> None:
-            nonlocal calls
-            calls += 1
-            original(fd)
-
-        os.fdatasync = counting  # counts real fdatasyncs, does not replace them
-        try:
-            await asyncio.gather(*(journal.write(qid(), mid(n), b"x", ts_ms=n) for n in range(200)))
-        finally:
-            os.fdatasync = original
+        await asyncio.gather(*(journal.write(qid(), mid(n), b"x", ts_ms=n) for n in range(200)))
+        assert journal.journal.wal.synced_lsn == journal.journal.wal.written_lsn
+        rounds, backend = journal.commit.rounds, journal.commit.backend
         await journal.close()
-        return calls
+        return rounds, backend
 
-    assert asyncio.run(run()) < 50
+    rounds, backend = asyncio.run(run())
+    assert backend == (backends[0] if backends else "thread")
+    assert 0 < rounds < 50
 
 
 def test_relayctl_journal_migrate_and_check(root: Path) -> None:

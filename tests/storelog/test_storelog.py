@@ -240,6 +240,7 @@ def test_async_store_log_shares_fsyncs_and_survives_a_dump_midway(tmp_path: Path
         store.dump()  # switches the log file while writers keep going
         await asyncio.gather(*(store.new(script.record(i)) for i in range(100, 200)))
         assert store.store.file.synced == store.store.file.written
+        assert 0 < store.commit.rounds < 100  # 200 changes shared the rounds
         await store.close()
 
     asyncio.run(run())

@@ -26,7 +26,7 @@ class AsyncJournal:
         self.journal = QueueJournal(settings)
         self.journal.auto_sync = False
         self.settings = settings
-        self.commit = GroupCommit(self.journal.wal.file)
+        self.commit = GroupCommit(self.journal.wal.file, kernel_sync=settings.fsync_backends)
         self._always = settings.fsync is FsyncPolicy.ALWAYS
 
     async def start(self) -> None:
@@ -38,8 +38,8 @@ class AsyncJournal:
         batch of changes through `self.journal` (as the queue-writer applies a batch of Kafka
         commands) and wait once: the batch shares fsync rounds without an await per change.
 
-        A plain function returning the group commit's coroutine: no frame of its own on the
-        write path."""
+        A plain function returning the group commit's shared future: no frame of its own on
+        the write path."""
         if self._always:
             return self.commit.durable(lsn)
         return _done()

@@ -20,6 +20,9 @@ class JournalSettings:
     max_file_messages: int = 256  # messages per message file before rotation (> the quota)
     max_open_queues: int = 10_000  # queues with state in memory; idle ones beyond are closed
     fsync: FsyncPolicy = FsyncPolicy.ALWAYS
+    fsync_backends: tuple[str, ...] = ("uring", "aio")
+    """Where `AsyncJournal` runs fdatasyncs: the first `relay_durable.kernel_sync` backend the
+    host accepts, else a worker thread (`()`: always a thread)."""
     batch_interval_ms: int = 10
     """With FsyncPolicy.BATCH: `AsyncJournal` fsyncs in the background at this interval; the
     synchronous `QueueJournal` fsyncs in the first change that finds the last fsync this old."""

@@ -20,11 +20,11 @@ class AsyncStoreLog:
         self.store = StoreLog(settings, repair=repair)
         self.store.auto_sync = False
         self.settings = settings
-        self._commit = GroupCommit(self.store.file)
+        self.commit = GroupCommit(self.store.file)
 
     async def durable(self, seq: int) -> None:
         if self.settings.fsync is FsyncPolicy.ALWAYS:
-            await self._commit.durable(seq)
+            await self.commit.durable(seq)
 
     async def new(self, record: QueueRecord) -> None:
         await self.durable(self.store.new(record))
@@ -42,5 +42,5 @@ class AsyncStoreLog:
         return self.store.dump()
 
     async def close(self) -> None:
-        await self._commit.close()
+        await self.commit.close()
         self.store.close()
