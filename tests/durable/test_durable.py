@@ -64,14 +64,15 @@ def test_group_commit_shares_rounds_and_survives_a_cancelled_waiter(
     asyncio.run(run())
 
 
-@pytest.mark.parametrize(("backends", "depth"), BACKENDS, ids=BACKEND_IDS)
+@pytest.mark.parametrize(("backends", "depth"), BACKENDS[:3], ids=BACKEND_IDS[:3])
 def test_group_commit_overlaps_the_disk_with_the_woken_writers(
     tmp_path: Path, backends: tuple[str, ...], depth: int
 ) -> None:
     """Writers that each wait for their own change settle into two halves: when a round ends,
     the next one's fdatasync is already running as its writers wake. (Starting each round only
     once the woken writers had all appended left the disk idle while they ran, and the loop
-    idle while it synced.)"""
+    idle while it synced.) Kernel backends only: a worker thread cannot start an fdatasync
+    while the loop holds the GIL, so there rounds wait for the loop to be idle."""
 
     async def run() -> tuple[int, int, int, int]:
         log = AppendLog(tmp_path / "o.log")

@@ -13,8 +13,10 @@ Invariants:
   while the other's fdatasync runs. When a round finishes, the next one starts at once if it
   already holds half of the callers; otherwise it starts when enough woken callers have
   joined it, or once the event loop has run everything that was ready (so nobody waits on a
-  round that nobody starts). Starting each round only once the loop was idle left
-  the disk idle while the loop ran and the loop idle while the disk synced;
+  round that nobody starts). Starting each round only once the loop was idle left the disk
+  idle while the loop ran and the loop idle while the disk synced. A worker thread keeps that
+  rule all the same: it needs the GIL to start its fdatasync, which it gets only when the
+  loop is idle;
 - a failed fdatasync fails its round and every later one (fail-stop): after an fdatasync
   error the kernel may have dropped the dirty pages it could not write, so a later success
   would not prove the records before it durable. Reopening the log (a restart) recovers;
@@ -221,7 +223,9 @@ class GroupCommit:
             released = self._flying
         self._flying = [r for r in self._flying if r not in released]
         callers = self._next_count + sum(r.count for r in (*released, *self._flying))
-        self._quorum = max(1, callers // 2)
+        # A worker thread cannot start its fdatasync before the loop lets go of the GIL: there
+        # a round starts only once the loop has run what was ready (the halves would not form).
+        self._quorum = max(1, callers // 2) if self._kernel is not None else callers + 1
         pending = self._next is not None
         if pending and self._may_start() and self._next_count >= self._quorum:
             self._start()  # its disk work overlaps the woken waiters' next changes
