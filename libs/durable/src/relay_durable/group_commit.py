@@ -109,8 +109,9 @@ class GroupCommit:
         loop = asyncio.get_running_loop()
         if self._failed is not None or self.log.synced >= seq:
             done: asyncio.Future[None] = loop.create_future()
-            if self._failed is not None:
-                done.set_exception(self._failed)
+            if self._failed is not None:  # a new exception each time: no growing traceback
+                failed = self._failed
+                done.set_exception(OSError(failed.errno, f"an earlier fdatasync failed: {failed}"))
             else:
                 done.set_result(None)
             return done
