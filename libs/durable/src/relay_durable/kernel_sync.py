@@ -9,8 +9,9 @@ Invariants:
   - `uring`: io_uring (`liburing`), whose fdatasync runs on a kernel worker that any CPU may
     take, so it overlaps the event loop's work;
   - `aio`: Linux native AIO (`IOCB_CMD_FDSYNC`), for hosts whose seccomp profile refuses
-    io_uring (containerd's default does) and allows AIO. Its fdatasync is queued on the
-    submitting CPU, so it overlaps less: it runs when the event loop waits.
+    io_uring and allows AIO (the defaults of containerd 2.0 and Docker 25, so Kubernetes'
+    `RuntimeDefault`). Its fdatasync is queued on the submitting CPU, so it overlaps less: it
+    runs when the event loop waits.
 
 Why: a Python worker thread needs the GIL to start the fdatasync and again to report it. While
 the event loop is busy, each handoff waited for the loop to go idle, so the disk and the loop
