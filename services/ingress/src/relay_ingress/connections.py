@@ -100,6 +100,14 @@ class Connection:
     def queue_frame(self, frame: dict[str, Any]) -> None:
         self._out.put_nowait(frame)
 
+    def release(self, held: Subscription | TopicFilter | None) -> None:
+        """Mark `held` ready and send the frames that waited for it (once)."""
+        if held is not None and not held.ready:
+            held.ready = True
+            for frame in held.waiting:
+                self.queue_frame(frame)
+            held.waiting.clear()
+
     async def backlog_below(self, frames: int) -> None:
         """Wait until fewer than `frames` frames wait to be written (back-pressure for long
         retained streams: a slow reader holds one page, not all of them)."""
@@ -179,12 +187,7 @@ class Connections:
     def subscribed(self, conn: Connection, queue: str, reply: dict[str, Any]) -> None:
         """The SUB was accepted: its `ok`, then the frames that came meanwhile."""
         conn.queue_frame(reply)
-        subscription = conn.subscriptions.get(queue)
-        if subscription is not None and not subscription.ready:
-            subscription.ready = True
-            for frame in subscription.waiting:
-                conn.queue_frame(frame)
-            subscription.waiting.clear()
+        conn.release(conn.subscriptions.get(queue))
 
     async def unsubscribe(
         self, conn: Connection, queue: str, *, tell_delivery: bool = True
@@ -261,12 +264,7 @@ class Connections:
 
     def topic_ready(self, conn: Connection, topic_filter: str) -> None:
         """The filter's retained messages are pushed: send the live ones that waited."""
-        found = conn.filters.get(topic_filter)
-        if found is not None and not found.ready:
-            found.ready = True
-            for frame in found.waiting:
-                conn.queue_frame(frame)
-            found.waiting.clear()
+        conn.release(conn.filters.get(topic_filter))
 
     async def unsubscribe_topic(self, conn: Connection, topic_filter: str) -> bool:
         """Whether `conn` held the filter."""
