@@ -30,6 +30,25 @@ def test_append_log_keeps_order_and_counters(tmp_path: Path) -> None:
     assert (tmp_path / "b.log").read_bytes() == b"7,"
 
 
+def test_a_held_record_goes_out_only_with_a_later_one(tmp_path: Path) -> None:
+    log = AppendLog(tmp_path / "h.log")
+    log.append(1, b"1,")
+    log.append(2, b"m2,", hold=True)
+    log.append(3, b"m3,", hold=True)
+    log.flush(keep_held=True)
+    assert (tmp_path / "h.log").read_bytes() == b"1,"
+    assert log.flushed == 1
+    log.append(4, b"4,")  # not held: the marks go out with it
+    log.flush(keep_held=True)
+    assert (tmp_path / "h.log").read_bytes() == b"1,m2,m3,4,"
+    assert log.flushed == 4
+    log.append(5, b"m5,", hold=True)
+    log.sync_to(5)  # an explicit sync writes a held tail too
+    assert (log.flushed, log.synced) == (5, 5)
+    log.close()
+    assert (tmp_path / "h.log").read_bytes() == b"1,m2,m3,4,m5,"
+
+
 BACKENDS = [(("uring",), 1), (("uring",), 2), (("aio",), 1), ((), 1)]
 BACKEND_IDS = ["uring", "uring-depth-2", "aio", "thread"]
 """The fdatasync paths of `GroupCommit`: io_uring, native AIO, and a worker thread (no kernel

@@ -13,6 +13,8 @@ import pytest
 
 from relay_journal import records
 from relay_journal.journal import QueueJournal
+from relay_journal.settings import FsyncPolicy
+from relay_journal.wal import list_segments
 from tests.helpers import ROOT
 from tests.journal import mark_child
 from tests.journal.conftest import mid, qid, small
@@ -78,3 +80,25 @@ def test_a_change_is_never_durable_without_its_mark(tmp_path: Path, seed: int) -
         assert present == list(range(1, len(present) + 1))  # in order, none twice
         assert present[-1] <= marked <= present[-1] + 1
         journal.close()
+
+
+def test_a_mark_reaches_the_log_only_with_the_change_it_covers(tmp_path: Path) -> None:
+    """Neither a full segment nor a state line's flush puts a mark on disk ahead of the change
+    logged after it (a caller killed in between would resume after the mark and skip it)."""
+    journal = QueueJournal(small(tmp_path, fsync=FsyncPolicy.NEVER, wal_segment_bytes=2048))
+    queue = qid()
+    journal.write(queue, mid(1), b"a", ts_ms=1)
+    segments = list_segments(tmp_path)
+    for n in range(100):  # far past a segment's worth: no checkpoint until a change
+        journal.mark("p0", f"e:{n}")
+    assert list_segments(tmp_path) == segments
+
+    def on_disk() -> bytes:
+        return b"".join(path.read_bytes() for path in list_segments(tmp_path))
+
+    assert journal.close_idle(0) == 1  # its state line: the log is flushed, the marks stay
+    assert b"e:99" not in on_disk()
+    journal.write(queue, mid(2), b"b", ts_ms=2)
+    journal.wal.flush()
+    assert b"e:99" in on_disk()
+    journal.close()

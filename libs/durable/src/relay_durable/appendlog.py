@@ -7,7 +7,9 @@ Invariants:
 - `flush()` (`os.write` of the buffer) runs only on the owner's thread, so the file keeps the
   append order; `fdatasync_to()` may run on any thread and concurrent callers share one
   fdatasync;
-- `switch_to()` makes the current file durable before appends go to the next one.
+- `switch_to()` makes the current file durable before appends go to the next one;
+- a held tail (`append(hold=True)`) reaches the file only with a later record, or by a flush
+  without `keep_held` (a sync, a switch, a close).
 """
 
 from __future__ import annotations
@@ -35,6 +37,10 @@ class AppendLog:
         self.file_bytes = 0
         """Bytes appended to the current file (buffered ones included)."""
         self._buffer = bytearray()
+        self._held_at = -1
+        """Where the held tail starts in the buffer (-1: none; see `append`)."""
+        self._before_held = 0
+        """`written` before the held tail."""
         self._lock = threading.Lock()
         self._fd = -1
         self.path = path
@@ -46,19 +52,36 @@ class AppendLog:
         self.file_bytes = os.fstat(self._fd).st_size
         fsync_dir(path.parent)
 
-    def append(self, seq: int, data: bytes) -> None:
+    def append(self, seq: int, data: bytes, *, hold: bool = False) -> None:
+        """`hold`: a record to reach the file only with a later one (or by an explicit sync):
+        `flush(keep_held=True)`, and the flush at `FLUSH_BYTES`, leave it and any held record
+        after it in the buffer, until a record is appended without `hold`."""
+        if not hold:
+            self._held_at = -1
+        elif self._held_at < 0:
+            self._held_at, self._before_held = len(self._buffer), self.written
         self._buffer += data
         self.file_bytes += len(data)
         self.written = seq
         if len(self._buffer) >= FLUSH_BYTES:
-            self.flush()
+            self.flush(keep_held=True)
 
-    def flush(self) -> None:
-        """Hand the buffer to the OS. Owner's thread only."""
+    def flush(self, *, keep_held: bool = False) -> None:
+        """Hand the buffer to the OS; with `keep_held`, all but the held tail. Owner's thread
+        only."""
         buffer = self._buffer
-        while buffer:  # a short write (a full disk) keeps the rest for the next flush
-            del buffer[: os.write(self._fd, buffer)]
-        self.flushed = self.written
+        held = keep_held and self._held_at >= 0
+        end = self._held_at if held else len(buffer)
+        done = 0
+        try:
+            while done < end:  # a short write (a full disk) keeps the rest for the next flush
+                whole = done == 0 and end == len(buffer)
+                done += os.write(self._fd, buffer if whole else buffer[done:end])
+        finally:
+            del buffer[:done]
+            if self._held_at >= 0:
+                self._held_at = self._held_at - done if held else -1
+        self.flushed = self._before_held if held else self.written
 
     def fdatasync_to(self, seq: int) -> None:
         """Block until everything flushed up to `seq` is durable. Any thread."""

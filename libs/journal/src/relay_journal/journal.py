@@ -163,7 +163,11 @@ class QueueJournal:
     def _after_log(self, lsn: int) -> None:
         if self.wal.segment_bytes >= self.settings.wal_segment_bytes:
             self.checkpoint()
-        elif self.auto_sync:
+        else:
+            self._sync_by_policy(lsn)
+
+    def _sync_by_policy(self, lsn: int) -> None:
+        if self.auto_sync:
             fsync = self.settings.fsync
             if fsync is FsyncPolicy.ALWAYS:
                 self.wal.sync_to(lsn)
@@ -268,13 +272,19 @@ class QueueJournal:
     def mark(self, key: str, value: str) -> int:
         """Log `value` for `key` (a caller's position in its source of commands) in order with
         the changes; returns its lsn. Log it before applying what it covers: the change cannot
-        then be durable without it."""
+        then be durable without it.
+
+        Nor does the mark reach the log file ahead of that change, unless the fsync policy
+        syncs it on its own (`always` in a synchronous journal): it stays buffered when state
+        lines flush the log (`Wal.flush`), and a full segment's checkpoint waits for the
+        change. A checkpoint here made the mark durable alone, and a caller killed before the
+        change resumed after it, skipping the change (tests/journal/test_marks.py)."""
         if not key or len(key.encode()) > 255:
             raise ValueError("mark keys are 1 to 255 bytes")
         lsn = self.wal.next_lsn()
-        self.wal.append(LogRecord(Op.MARK, lsn, key, marks={key: value}))
+        self.wal.append(LogRecord(Op.MARK, lsn, key, marks={key: value}), hold=True)
         self.marks[key] = value
-        self._after_log(lsn)
+        self._sync_by_policy(lsn)
         return lsn
 
     def expire(self, queue_id: str, now_ms: int) -> int:

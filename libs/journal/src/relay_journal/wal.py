@@ -102,13 +102,15 @@ class Wal:
         self._sequence += 1
         return (self.generation << _SEQUENCE_BITS) | self._sequence
 
-    def append(self, record: records.LogRecord) -> None:
-        self.file.append(record.lsn, records.encode_log(record))
+    def append(self, record: records.LogRecord, *, hold: bool = False) -> None:
+        """`hold`: see `AppendLog.append`."""
+        self.file.append(record.lsn, records.encode_log(record), hold=hold)
 
     def flush(self) -> None:
         """Hand buffered records to the OS, in lsn order; must run before any queue's state
-        line is written or its folder removed."""
-        self.file.flush()
+        line is written or its folder removed. A held MARK at the tail stays buffered: it
+        changes no queue, and goes out with the change it covers (`QueueJournal.mark`)."""
+        self.file.flush(keep_held=True)
 
     def sync_to(self, lsn: int) -> None:
         self.file.sync_to(lsn)
