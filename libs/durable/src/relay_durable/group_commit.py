@@ -71,6 +71,8 @@ class GroupCommit:
         self.log = log
         self._backends = kernel_sync
         self._depth = depth
+        self._limit = depth if kernel_sync else 1
+        """Rounds that may be in flight with the backend in use (a worker thread: 1)."""
         self._kernel: KernelSync | None = None  # opened with the first round
         self._watching = False
         self._flying: list[_Round] = []
@@ -103,6 +105,15 @@ class GroupCommit:
         """A future that resolves once the log is durable up to `seq`. It is shared by the
         round's waiters and ignores `cancel()`: a cancelled waiter's task is cancelled when
         the round ends, and the other waiters are not disturbed."""
+        waiting = self._next
+        if waiting is not None and seq > self.log.flushed:
+            # The write path's case: a record no round covers yet joins the next one (which
+            # exists only while nothing failed). If that round may start, a kick is pending
+            # already (`_kick_later`): only the quorum is left to check.
+            self._next_count += 1
+            if self._next_count >= self._quorum and self._may_start():
+                self._start()
+            return waiting
         for flying in self._flying:
             if seq <= flying.target:
                 return flying.waiters
@@ -127,10 +138,7 @@ class GroupCommit:
         return waiting
 
     def _may_start(self) -> bool:
-        depth = 1 if self._kernel is None and not self._backends else self._depth
-        if self._kernel is not None:
-            depth = min(depth, self._kernel.depth)
-        return len(self._ops) < depth and self._failed is None
+        return len(self._ops) < self._limit and self._failed is None
 
     def _kick_later(self) -> None:
         """Start the next round once the loop has run what is ready now."""
@@ -174,6 +182,7 @@ class GroupCommit:
         if self._backends and self._kernel is None:
             self._kernel = open_kernel_sync(self._backends, depth=self._depth)
             self._backends = ()
+            self._limit = min(self._depth, self._kernel.depth) if self._kernel else 1
         kernel = self._kernel
         if kernel is None:
             return None
@@ -208,6 +217,7 @@ class GroupCommit:
             self._watching = False
         self._kernel.close()
         self._kernel = None
+        self._limit = 1
 
     def _synced(self, finished: _Round, tag: int, op: asyncio.Future[None]) -> None:
         del self._ops[tag]

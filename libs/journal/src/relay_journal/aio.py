@@ -9,7 +9,7 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 
 from relay_durable.group_commit import GroupCommit
 from relay_journal.journal import QueueInfo, QueueJournal
@@ -17,8 +17,8 @@ from relay_journal.records import Message
 from relay_journal.settings import FsyncPolicy, JournalSettings
 
 
-async def _done() -> None:
-    return None
+async def _at_once(_lsn: int) -> None:
+    """Durability to wait for under `BATCH` and `NEVER`: none."""
 
 
 class AsyncJournal:
@@ -27,7 +27,9 @@ class AsyncJournal:
         self.journal.auto_sync = False
         self.settings = settings
         self.commit = GroupCommit(self.journal.wal.file, kernel_sync=settings.fsync_backends)
-        self._always = settings.fsync is FsyncPolicy.ALWAYS
+        self._wait: Callable[[int], Awaitable[None]] = (
+            self.commit.durable if settings.fsync is FsyncPolicy.ALWAYS else _at_once
+        )
 
     async def start(self) -> None:
         if self.settings.fsync is FsyncPolicy.BATCH:
@@ -38,11 +40,9 @@ class AsyncJournal:
         batch of changes through `self.journal` (as the queue-writer applies a batch of Kafka
         commands) and wait once: the batch shares fsync rounds without an await per change.
 
-        A plain function returning the group commit's shared future: no frame of its own on
-        the write path."""
-        if self._always:
-            return self.commit.durable(lsn)
-        return _done()
+        Under `ALWAYS`, the group commit's shared future (the write path calls that directly:
+        no frame of its own)."""
+        return self._wait(lsn)
 
     async def write(
         self, queue_id: str, msg_id: bytes, body: bytes, *, ts_ms: int, expires_ms: int = 0
@@ -52,29 +52,29 @@ class AsyncJournal:
         except Exception:
             # A quota refusal may have logged the marker: it must be durable before the
             # refusal is reported, like any other change.
-            await self.durable(self.journal.wal.written_lsn)
+            await self._wait(self.journal.wal.written_lsn)
             raise
-        await self.durable(lsn)
+        await self._wait(lsn)
         return lsn
 
     async def ack(self, queue_id: str, msg_id: bytes) -> int:
         lsn = self.journal.ack(queue_id, msg_id)
-        await self.durable(lsn)
+        await self._wait(lsn)
         return lsn
 
     async def suspend(self, queue_id: str) -> int:
         lsn = self.journal.suspend(queue_id)
-        await self.durable(lsn)
+        await self._wait(lsn)
         return lsn
 
     async def delete(self, queue_id: str) -> int:
         lsn = self.journal.delete(queue_id)
-        await self.durable(lsn)
+        await self._wait(lsn)
         return lsn
 
     async def expire(self, queue_id: str, now_ms: int) -> int:
         dropped = self.journal.expire(queue_id, now_ms)
-        await self.durable(self.journal.wal.written_lsn)
+        await self._wait(self.journal.wal.written_lsn)
         return dropped
 
     def peek(self, queue_id: str, *, now_ms: int | None = None) -> Message | None:
