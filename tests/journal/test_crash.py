@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from relay_durable import prealloc
 from relay_journal.journal import QueueJournal
 from tests.helpers import ROOT
 from tests.journal import crash_child
@@ -59,7 +60,7 @@ def test_acknowledged_writes_survive_sigkill(tmp_path: Path, case: int) -> None:
     root = tmp_path / "journal"
     present: dict[str, list[int]] = {q: [] for q in crash_child.QUEUES}
     runner = Child()
-    killed_opening = 0
+    killed_opening = spared = 0
     for kill in range(KILLS_PER_CASE):
         in_recovery = rng.random() < 0.25
         lines = runner.run_until_killed(root, case * 1000 + kill + 1, rng, in_recovery=in_recovery)
@@ -81,6 +82,8 @@ def test_acknowledged_writes_survive_sigkill(tmp_path: Path, case: int) -> None:
                 expected[queue].pop(0)
                 in_flight.pop(queue, None)
 
+        # Segments are written over spares (zero-filled, then recycled): they must be in play.
+        spared += (root / "wal" / prealloc.READY).exists()
         journal = QueueJournal(crash_child.settings(root))
         try:
             assert journal.check() == []
@@ -98,3 +101,4 @@ def test_acknowledged_writes_survive_sigkill(tmp_path: Path, case: int) -> None:
         finally:
             journal.close()
     assert killed_opening > 0, "no kill landed while the journal was opening"
+    assert spared > 0, "no kill found a spare segment ready"

@@ -21,7 +21,7 @@ class KilledBeforeTheOpeningCheckpoint(QueueJournal):
     """Stops where a SIGKILL after the replay, before the opening checkpoint, would: whatever
     the replay handed to the OS is on disk, nothing after it happens."""
 
-    def checkpoint(self) -> None:
+    def checkpoint(self, *, last: bool = False) -> None:
         raise Killed
 
 

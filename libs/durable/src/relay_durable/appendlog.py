@@ -8,6 +8,8 @@ Invariants:
   append order; `fdatasync_to()` may run on any thread and concurrent callers share one
   fdatasync;
 - `switch_to()` makes the current file durable before appends go to the next one;
+- a file `prepared` ahead (`relay_durable.prealloc`) is written from its start, over what it
+  holds, so its fdatasyncs change no file size (its readers find the end of the records);
 - a held tail (`append(hold=True)`) reaches the file only with a later record, or by a flush
   without `keep_held` (a sync, a switch, a close).
 """
@@ -30,7 +32,7 @@ def fsync_dir(path: Path) -> None:
 
 
 class AppendLog:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, prepared: bool = False) -> None:
         self.written = 0
         self.flushed = 0
         self.synced = 0
@@ -44,12 +46,19 @@ class AppendLog:
         self._lock = threading.Lock()
         self._fd = -1
         self.path = path
-        self._open(path)
+        self.prepared = prepared
+        """The current file was prepared ahead (see `switch_to`)."""
+        self._open(path, prepared)
 
-    def _open(self, path: Path) -> None:
+    def _open(self, path: Path, prepared: bool) -> None:
         self.path = path
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        self.file_bytes = os.fstat(self._fd).st_size
+        self.prepared = prepared
+        if prepared:
+            self._fd = os.open(path, os.O_WRONLY)  # written from offset 0, over what it holds
+            self.file_bytes = 0
+        else:
+            self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            self.file_bytes = os.fstat(self._fd).st_size
         fsync_dir(path.parent)
 
     def append(self, seq: int, data: bytes, *, hold: bool = False) -> None:
@@ -110,14 +119,15 @@ class AppendLog:
         self.flush()
         self.fdatasync_to(self.flushed)
 
-    def switch_to(self, path: Path) -> None:
-        """Make the current file durable and close it; later appends go to `path`."""
+    def switch_to(self, path: Path, *, prepared: bool = False) -> None:
+        """Make the current file durable and close it; later appends go to `path` (a
+        file prepared ahead, written from its start over what it holds, if `prepared`)."""
         self.flush()
         with self._lock:
             os.fdatasync(self._fd)
             self.synced = self.written
             os.close(self._fd)
-            self._open(path)
+            self._open(path, prepared)
 
     def close(self) -> None:
         if self._fd < 0:

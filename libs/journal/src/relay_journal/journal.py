@@ -49,6 +49,9 @@ from relay_journal.wal import Wal, list_segments, next_generation, read_segments
 
 log = structlog.get_logger(__name__)
 _monotonic = time.monotonic
+PREPARE_STEP_BYTES = 1 << 20
+"""Logged bytes between two calls of `Wal.prepare_next`: a store that writes less than this
+after a checkpoint (an idle one, most tests) never zero-fills a spare."""
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -90,10 +93,19 @@ class QueueJournal:
         # The write path reads these on every call: plain attributes, not settings lookups.
         self._max_queue_messages = settings.max_queue_messages
         self._max_file_messages = settings.max_file_messages
+        self._prepare_step = (
+            min(PREPARE_STEP_BYTES, settings.wal_segment_bytes // 2) if settings.wal_spares else 0
+        )
         self._segment_limit = settings.wal_segment_bytes
+        """Segment size at which a change has segment work to do (`_after_log`): every
+        `_prepare_step` bytes `Wal.prepare_next`, at `wal_segment_bytes` a checkpoint."""
         self._emptied_in_replay: set[str] = set()
         segments = list_segments(self.root)
-        self.wal = Wal(self.root, next_generation(self.root))
+        self.wal = Wal(
+            self.root,
+            next_generation(self.root),
+            spare_bytes=settings.wal_segment_bytes if settings.wal_spares else 0,
+        )
         self._replay(segments)
         self.checkpoint()
 
@@ -161,10 +173,16 @@ class QueueJournal:
         return record.lsn
 
     def _after_log(self, lsn: int) -> None:
-        if self.wal.segment_bytes >= self.settings.wal_segment_bytes:
-            self.checkpoint()
-        else:
-            self._sync_by_policy(lsn)
+        size = self.wal.segment_bytes
+        if size >= self._segment_limit:
+            if size >= self.settings.wal_segment_bytes:
+                self.checkpoint()
+                return
+            self.wal.prepare_next()
+            self._segment_limit = min(
+                self.wal.segment_bytes + self._prepare_step, self.settings.wal_segment_bytes
+            )
+        self._sync_by_policy(lsn)
 
     def _sync_by_policy(self, lsn: int) -> None:
         if self.auto_sync:
@@ -372,24 +390,25 @@ class QueueJournal:
         """Make everything logged so far durable."""
         self.wal.sync_to(self.wal.written_lsn)
 
-    def checkpoint(self) -> None:
+    def checkpoint(self, *, last: bool = False) -> None:
         """Write dirty state lines, flush the filesystem, start a new WAL segment, delete the
-        old ones. After it, opening replays nothing written before it."""
+        old ones (one may become the next spare). After it, opening replays nothing written
+        before it. The `last` one (closing) leaves the spare for the next open."""
         self.wal.flush()
         for queue in self._open.values():
             queue.save_state(self.settings)
         _syncfs(self.root)
-        old = self.wal.rotate()
+        old = self.wal.rotate(last=last)
+        self._segment_limit = self._prepare_step or self.settings.wal_segment_bytes
         self.wal.append(LogRecord(Op.CHECKPOINT, self.wal.next_lsn(), "", marks=dict(self.marks)))
         self.wal.sync_to(self.wal.written_lsn)
-        for path in old:
-            path.unlink(missing_ok=True)
+        self.wal.retire(old)
         fsync_dir(self.wal.folder)
 
     def close(self) -> None:
         for queue_id in list(self._open):
             self._close_queue(queue_id)
-        self.checkpoint()
+        self.checkpoint(last=True)
         self.wal.close()
 
     # -- recovery --------------------------------------------------------------------------

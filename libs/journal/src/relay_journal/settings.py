@@ -27,6 +27,12 @@ class JournalSettings:
     """With FsyncPolicy.BATCH: `AsyncJournal` fsyncs in the background at this interval; the
     synchronous `QueueJournal` fsyncs in the first change that finds the last fsync this old."""
     wal_segment_bytes: int = 64 * 1024 * 1024  # 64 MiB; a checkpoint follows each full segment
+    wal_spares: bool = True
+    """Write WAL segments over spares prepared ahead (`relay_durable.prealloc`): zero-filled in
+    the background once a segment has 1 MiB, or recycled from the segment a checkpoint retired.
+    An fdatasync over written blocks skips the filesystem's own journal commit (~99 against
+    ~165 µs here, decision 0004). Costs one spare segment of disk space, and on a fresh store
+    two segments' worth of zeros written before recycling takes over."""
     state_compact_lines: int = 16  # queue.log lines before it is compacted to one
     state_backups_keep: int = 3  # newest queue.<ts>.log backups always kept
     state_backups_max_age_s: int = 7 * 24 * 3600  # older backups beyond the newest N are removed

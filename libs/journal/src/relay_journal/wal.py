@@ -11,11 +11,17 @@ Invariants:
 - lsns are `generation << 40 | sequence`; each open starts a new generation (segment file names
   carry it), so after a power loss that kept a queue file newer than the log, new records still
   sort after anything that file claims;
-- segments before the last checkpoint are deleted only after the checkpoint is durable.
+- segments before the last checkpoint are deleted (or recycled) only after the checkpoint is
+  durable;
+- with `spare_bytes`, segments are written over spares prepared ahead (`relay_durable.prealloc`:
+  zero-filled in the background, or recycled from the segment a checkpoint retired), so their
+  fdatasyncs change no file size. lsns only grow, so a reader stops at the first record that
+  is not newer than the one before it, or at zeros where a record should start.
 """
 
 from __future__ import annotations
 
+import mmap
 import os
 import re
 from collections.abc import Iterator
@@ -24,6 +30,7 @@ from pathlib import Path
 import structlog
 
 from relay_durable.appendlog import AppendLog
+from relay_durable.prealloc import Preallocator
 from relay_journal import records
 
 log = structlog.get_logger(__name__)
@@ -50,36 +57,69 @@ def list_segments(root: Path) -> list[Path]:
 
 
 def read_segments(paths: list[Path]) -> Iterator[tuple[records.LogRecord, Path, int]]:
-    """Every valid record in order; stops a segment at its first torn or corrupt record (the
-    tail of the last segment may be torn by a crash; anything after it was never acknowledged)."""
+    """Every valid record in order. A segment's records end at its first torn or corrupt
+    record (the tail of the last segment may be torn by a crash; anything after it was never
+    acknowledged), at zeros where a record should start, or at a record no newer than the one
+    before it: the unwritten rest of a segment written over a prepared spare (zeros, or a
+    retired segment's older records). The files are mapped, not read: an unwritten rest costs
+    nothing."""
+    last = -1
     for path in paths:
-        data = path.read_bytes()
+        with path.open("rb") as file:
+            size = os.fstat(file.fileno()).st_size
+            if size == 0:
+                continue
+            with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+                for record, at in _read_mapped(path, mapped, size, last):
+                    last = record.lsn
+                    yield record, path, at
+
+
+_ZERO_FRAME = bytes(8)
+
+
+def _read_mapped(
+    path: Path, mapped: mmap.mmap, size: int, last: int
+) -> Iterator[tuple[records.LogRecord, int]]:
+    with memoryview(mapped) as data:
         at = 0
-        while at < len(data):
+        while at < size:
             try:
                 record, end = records.decode_log(data, at)
             except records.RecordError as error:
-                log.warning(
-                    "wal_tail_ignored",
-                    segment=path.name,
-                    offset=at,
-                    bytes=len(data) - at,
-                    error=str(error),
+                if data[at : at + 8] == _ZERO_FRAME:
+                    log.info("wal_segment_end", segment=path.name, offset=at, bytes=size - at)
+                else:
+                    log.warning(
+                        "wal_tail_ignored",
+                        segment=path.name,
+                        offset=at,
+                        bytes=size - at,
+                        error=str(error),
+                    )
+                return
+            if record.lsn <= last:
+                log.info(
+                    "wal_segment_end", segment=path.name, offset=at, stale_lsn=record.lsn, last=last
                 )
-                break
-            yield record, path, at
+                return
+            yield record, at
+            last = record.lsn
             at = end
 
 
 class Wal:
     """The journal's segmented log: lsn generation and segment files over one `AppendLog`."""
 
-    def __init__(self, root: Path, generation: int) -> None:
+    def __init__(self, root: Path, generation: int, *, spare_bytes: int = 0) -> None:
+        """`spare_bytes`: the size of the spares segments are written over (0: none, every
+        segment is a plain appended file)."""
         self.folder = root / WAL_DIR
         self.folder.mkdir(parents=True, exist_ok=True)
         self.generation = generation
         self._segment_number = 1
         self._sequence = 0
+        self.spares = Preallocator(self.folder, spare_bytes) if spare_bytes else None
         self.file = AppendLog(self.folder / _segment_name(generation, 1))
 
     @property
@@ -115,16 +155,48 @@ class Wal:
     def sync_to(self, lsn: int) -> None:
         self.file.sync_to(lsn)
 
-    def rotate(self) -> list[Path]:
+    def prepare_next(self) -> None:
+        """Between checkpoints (the journal calls it every so many bytes): have the next
+        segment's spare zero-filled in the background if none is ready or on its way, and move
+        a plain segment onto a ready spare at once (a fresh store's first segment, or one begun
+        when no spare was ready) rather than at the next checkpoint. A segment may end without
+        a checkpoint: replay reads every segment since the last one."""
+        spares = self.spares
+        if spares is None:
+            return
+        if not self.file.prepared and spares.ready:
+            self._next_segment(prepared=True)
+        spares.prepare()
+
+    def rotate(self, *, last: bool = False) -> list[Path]:
         """Start a new segment (after a checkpoint); returns the older segments to delete once
-        the checkpoint record in the new one is durable."""
+        the checkpoint record in the new one is durable. The new segment is the ready spare,
+        if any, unless it is the `last` (closing) one, which holds only the checkpoint: the
+        spare is kept for the next open."""
         old = list_segments(self.folder.parent)
-        self._segment_number += 1
-        self.file.switch_to(self.folder / _segment_name(self.generation, self._segment_number))
+        self._next_segment(prepared=not last)
         return old
+
+    def retire(self, old: list[Path]) -> None:
+        """Remove segments a durable checkpoint made useless. The newest becomes the next
+        spare when it is a full one and no spare is ready (recycling costs no disk writes;
+        zero-filling costs a segment's)."""
+        for path in old:
+            recycled = path == old[-1] and self.spares is not None and self.spares.recycle(path)
+            if not recycled:
+                path.unlink(missing_ok=True)
+
+    def _next_segment(self, *, prepared: bool) -> None:
+        """Switch to a new segment: the spare, if `prepared` and one is ready."""
+        self._segment_number += 1
+        path = self.folder / _segment_name(self.generation, self._segment_number)
+        spare = prepared and self.spares is not None and self.spares.take(path)
+        self.file.switch_to(path, prepared=spare)
 
     def close(self) -> None:
         self.file.close()
+        if self.spares is not None:
+            self.spares.close()
 
 
 def next_generation(root: Path) -> int:
