@@ -17,6 +17,9 @@ Measures, in one run on this machine:
 - `rss_mb_100k_idle_queues`: resident-memory growth of a fresh process after creating
   `--idle-queues` queues with 3 messages each and closing the idle ones;
 - `open_s_100k`: time to open the journal holding them, in a fresh process;
+- `fdatasync_append_us` and `fdatasync_over_spare_us`: median fdatasync of a round's worth of
+  records (50 x 330 bytes) appended to a file, and written over a synced zero-filled one (what
+  the journal's spares give its segments, decision 0004);
 - `load_avg_1m`: the machine's 1-minute load average before and after (the figures are CPU-bound:
   a loaded machine lowers them).
 The last line is a JSON summary.
@@ -72,6 +75,25 @@ def raw_group_commit(folder: Path, seconds: float) -> float:
     os.close(fd)
     path.unlink()
     return n / elapsed
+
+
+def fdatasync_us(folder: Path, *, over_spare: bool, rounds: int = 1000) -> float:
+    path = folder / "sync.log"
+    chunk = b"r" * (50 * 330)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    if over_spare:
+        os.write(fd, bytes(rounds * len(chunk)))
+        os.fdatasync(fd)
+        os.lseek(fd, 0, os.SEEK_SET)
+    took = []
+    for _ in range(rounds):
+        os.write(fd, chunk)
+        started = time.perf_counter()
+        os.fdatasync(fd)
+        took.append(time.perf_counter() - started)
+    os.close(fd)
+    path.unlink()
+    return statistics.median(took) * 1e6
 
 
 async def durable_appends(
@@ -232,6 +254,8 @@ def main() -> None:
             durable_appends(work / "durable", args.queues, args.seconds, backends)
         )
         raw_after = raw_group_commit(work, args.seconds / 2)
+        sync_append = fdatasync_us(work, over_spare=False)
+        sync_over_spare = fdatasync_us(work, over_spare=True)
         raw = statistics.median([*raws, raw_after])
         idle = {"rss_mb": None, "create_s": None}
         opened = {"open_s": None}
@@ -255,6 +279,8 @@ def main() -> None:
         "writes_per_fsync": round(durable["writes_per_fsync"], 1),
         "sync_backend": durable["sync_backend"],
         "deliver_ack_per_s": round(durable["deliver_ack_per_s"]),
+        "fdatasync_append_us": round(sync_append),
+        "fdatasync_over_spare_us": round(sync_over_spare),
         "idle_queues": args.idle_queues,
         "rss_mb_100k_idle_queues": idle["rss_mb"] and round(idle["rss_mb"], 1),
         "create_s_idle_queues": idle["create_s"] and round(idle["create_s"], 1),
