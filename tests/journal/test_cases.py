@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
+import resource
 import time
 from pathlib import Path
 
@@ -260,6 +262,28 @@ def test_peek_is_cached_not_read_again(root: Path) -> None:
     second = journal.peek(Q)
     assert second is not None
     assert second.body == b"second"
+    journal.close()
+
+
+def test_running_out_of_file_handles_drops_nothing(root: Path) -> None:
+    """The process at its file-handle limit (a real RLIMIT_NOFILE): reading the head fails with
+    EMFILE and the queue keeps every message. It used to take that for an unreadable file and
+    drop the queue's messages."""
+    journal = QueueJournal(small(root))
+    journal.write(Q, mid(1), b"first", ts_ms=1)
+    journal.write(Q, mid(2), b"second", ts_ms=2)  # the queue holds its write file, no reader
+    probe = os.open(os.devnull, os.O_RDONLY)
+    os.close(probe)  # the lowest free descriptor: a limit there refuses every open
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (probe, hard))
+    try:
+        with logged_warnings() as found, pytest.raises(OSError) as raised:
+            journal.peek(Q)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert raised.value.errno == errno.EMFILE
+    assert found == []
+    assert drain(journal, Q) == [b"first", b"second"]
     journal.close()
 
 

@@ -171,7 +171,10 @@ class OpenQueue:
                 continue
             try:
                 message, end = self._read_record(read.byte)
-            except (records.RecordError, OSError) as error:
+            except (records.RecordError, FileNotFoundError) as error:
+                # Damaged or gone: what it held cannot be served. Any other OSError (no file
+                # handle left, an I/O error) says nothing about the data: it propagates and
+                # nothing is dropped (it dropped messages when the process ran out of handles).
                 self._drop_unreadable(str(error))
                 continue
             self.head = (message, end)
