@@ -13,7 +13,7 @@ import pytest
 
 from relay_journal import errors, layout, records
 from relay_journal.aio import AsyncJournal
-from relay_journal.journal import QueueJournal
+from relay_journal.journal import HANDLES_KEPT_FREE, HANDLES_PER_QUEUE, QueueJournal
 from relay_journal.queue import message_file
 from relay_journal.records import Message, Pos
 from relay_journal.settings import FsyncPolicy, JournalSettings
@@ -277,7 +277,10 @@ def test_running_out_of_file_handles_drops_nothing(root: Path) -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (probe, hard))
     try:
-        with logged_warnings() as found, pytest.raises(OSError) as raised:
+        with (
+            logged_warnings() as found,
+            pytest.raises(OSError, match="Too many open files") as raised,
+        ):
             journal.peek(Q)
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
@@ -285,6 +288,27 @@ def test_running_out_of_file_handles_drops_nothing(root: Path) -> None:
     assert found == []
     assert drain(journal, Q) == [b"first", b"second"]
     journal.close()
+
+
+def test_open_queues_stay_within_the_file_handle_limit(root: Path) -> None:
+    """`max_open_queues` above what RLIMIT_NOFILE allows is lowered, with a warning: writing
+    and reading more queues than that never meets EMFILE."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (HANDLES_KEPT_FREE + 5 * HANDLES_PER_QUEUE, hard))
+    try:
+        with logged_warnings() as found:
+            journal = QueueJournal(small(root, max_open_queues=1000))
+        assert found == ["max_open_queues_lowered"]
+        assert journal.max_open_queues == 5
+        queues = [qid() for _ in range(150)]  # 300 handles unbounded: past the limit
+        for n, queue in enumerate(queues):
+            journal.write(queue, mid(n), b"m", ts_ms=1)
+            assert journal.peek(queue) is not None  # a reader too: two handles per queue
+        assert journal.open_queues == 5
+        assert [drain(journal, q) for q in queues] == [[b"m"]] * 150
+        journal.close()
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 def test_bytes_past_the_recorded_position_are_never_read(root: Path) -> None:

@@ -7,7 +7,8 @@ Invariants:
   open time does not grow with the number of queues; a queue the replay empties and closes is
   dropped only after the last record (a DROP logged mid-replay would sort after the records
   still to come, and a kill before the opening checkpoint would let it erase them);
-- only open queues cost memory or file handles; beyond `max_open_queues` the least recently used
+- only open queues cost memory or file handles; beyond `max_open_queues` (lowered to what the
+  process's file handle limit allows, two per queue) the least recently used
   are closed, and a closed empty active queue leaves no files;
 - refused operations (quota, suspended, wrong ack, bad id) change nothing;
 - a checkpoint writes every dirty queue's state line, flushes the filesystem (syncfs), then
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import resource
 import time
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -49,6 +51,8 @@ from relay_journal.wal import Wal, list_segments, next_generation, read_segments
 
 log = structlog.get_logger(__name__)
 _monotonic = time.monotonic
+HANDLES_PER_QUEUE = 2  # an open queue holds at most its write file and its read file
+HANDLES_KEPT_FREE = 256  # for the WAL, spares, sockets and everything else in the process
 PREPARE_STEP_BYTES = 1 << 20
 """Logged bytes between two calls of `Wal.prepare_next`: a store that writes less than this
 after a checkpoint (an idle one, most tests) never zero-fills a spare."""
@@ -64,6 +68,17 @@ def _syncfs(path: Path) -> None:
             os.sync()
     finally:
         os.close(fd)
+
+
+def _queues_within_handle_limit(wanted: int) -> int:
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return wanted
+    allowed = max(1, (soft - HANDLES_KEPT_FREE) // HANDLES_PER_QUEUE)
+    if wanted <= allowed:
+        return wanted
+    log.warning("max_open_queues_lowered", wanted=wanted, allowed=allowed, nofile_limit=soft)
+    return allowed
 
 
 @dataclass(frozen=True)
@@ -82,6 +97,9 @@ class QueueJournal:
         self.root = settings.root
         self.layout = layout.load_layout(self.root, settings.path_fragments)
         self._open: OrderedDict[str, OpenQueue] = OrderedDict()
+        self.max_open_queues = _queues_within_handle_limit(settings.max_open_queues)
+        """`settings.max_open_queues`, lowered (with a warning) to what the process's file
+        handle limit allows: past it, opening a queue's file fails with EMFILE."""
         self.auto_sync = True
         """With FsyncPolicy.ALWAYS, fsync inside each call; with BATCH, fsync in the first call
         that finds the last fsync `batch_interval_ms` old. `AsyncJournal` turns this off and
@@ -124,7 +142,7 @@ class QueueJournal:
         return queue
 
     def _evict(self) -> None:
-        while len(self._open) > self.settings.max_open_queues:
+        while len(self._open) > self.max_open_queues:
             queue_id = next(iter(self._open))
             self._close_queue(queue_id)
 
