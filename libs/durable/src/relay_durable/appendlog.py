@@ -46,13 +46,12 @@ class AppendLog:
         self._lock = threading.Lock()
         self._fd = -1
         self.path = path
-        self.prepared = prepared
-        """The current file was prepared ahead (see `switch_to`)."""
         self._open(path, prepared)
 
     def _open(self, path: Path, prepared: bool) -> None:
         self.path = path
         self.prepared = prepared
+        """The current file was prepared ahead (see `switch_to`)."""
         if prepared:
             self._fd = os.open(path, os.O_WRONLY)  # written from offset 0, over what it holds
             self.file_bytes = 0

@@ -24,7 +24,7 @@ from __future__ import annotations
 import mmap
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import structlog
@@ -70,9 +70,7 @@ def read_segments(paths: list[Path]) -> Iterator[tuple[records.LogRecord, Path, 
             if size == 0:
                 continue
             with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-                for record, at in _read_mapped(path, mapped, size, last):
-                    last = record.lsn
-                    yield record, path, at
+                last = yield from _read_mapped(path, mapped, size, last)
 
 
 _ZERO_FRAME = bytes(8)
@@ -80,7 +78,8 @@ _ZERO_FRAME = bytes(8)
 
 def _read_mapped(
     path: Path, mapped: mmap.mmap, size: int, last: int
-) -> Iterator[tuple[records.LogRecord, int]]:
+) -> Generator[tuple[records.LogRecord, Path, int], None, int]:
+    """The segment's records newer than `last`; returns the lsn of the last one read."""
     with memoryview(mapped) as data:
         at = 0
         while at < size:
@@ -97,15 +96,16 @@ def _read_mapped(
                         bytes=size - at,
                         error=str(error),
                     )
-                return
+                break
             if record.lsn <= last:
                 log.info(
                     "wal_segment_end", segment=path.name, offset=at, stale_lsn=record.lsn, last=last
                 )
-                return
-            yield record, at
+                break
+            yield record, path, at
             last = record.lsn
             at = end
+    return last
 
 
 class Wal:
