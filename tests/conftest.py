@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -8,10 +9,24 @@ import pytest
 from tests import helpers
 
 
+@pytest.fixture(scope="session")
+def shared_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[helpers.KafkaCluster]:
+    """One Apache Kafka node per test process (per xdist worker), shared through prefixes."""
+    with helpers.kafka_cluster(tmp_path_factory.mktemp("kafka")) as cluster:
+        yield cluster
+
+
 @pytest.fixture
-def kafka() -> Iterator[helpers.Broker]:
-    with helpers.broker() as b:
-        yield b
+def kafka(shared_kafka: helpers.KafkaCluster) -> helpers.Kafka:
+    """The shared broker under a topic prefix of this test's own."""
+    return helpers.Kafka(shared_kafka, f"t{uuid.uuid4().hex[:12]}.")
+
+
+@pytest.fixture
+def own_kafka(tmp_path: Path) -> Iterator[helpers.Kafka]:
+    """A broker of this test's own, for tests that kill or wipe it."""
+    with helpers.kafka_cluster(tmp_path / "kafka") as cluster:
+        yield helpers.Kafka(cluster)
 
 
 @pytest.fixture

@@ -1,9 +1,10 @@
-"""Test helpers: real embedded broker and Redis processes on free loopback ports."""
+"""Test helpers: real Apache Kafka and Redis processes on free loopback ports."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -13,11 +14,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
 
-from relayctl import embedded, state
+from relay_bus.config import KafkaSettings
+from relayctl import embedded, kafka_broker, processes, state
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -52,47 +55,114 @@ def port_free(port: int) -> bool:
         return True
 
 
-class Broker:
-    """The embedded Kafka-protocol broker on a fixed port, restartable (losing everything)."""
+class KafkaCluster:
+    """Apache Kafka nodes (one, or three for replication) from the pinned jars, under `root`,
+    on fixed loopback ports: a node can be SIGKILLed and started again on the same ports with
+    its log, or wiped (its log lost, as when a volume is replaced)."""
 
-    def __init__(self) -> None:
-        self.port = free_port()
-        self.process: subprocess.Popen[bytes] | None = None
+    def __init__(self, root: Path, nodes: int = 1) -> None:
+        self.root = root
+        self.nodes = [
+            kafka_broker.Node(n, "127.0.0.1", free_port(), free_port(), root / f"kafka-{n}")
+            for n in range(1, nodes + 1)
+        ]
+        self.cluster_id = kafka_broker.new_cluster_id()
+        self.processes: dict[int, subprocess.Popen[bytes]] = {}
 
     @property
     def bootstrap(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return ",".join(node.bootstrap for node in self.nodes)
 
-    def start(self) -> None:
-        for _ in range(50):
-            self.process = subprocess.Popen(
-                embedded.broker_command("127.0.0.1", self.port),
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-            try:
-                wait_port(self.port, 2)
-                return
-            except TimeoutError:
-                self.process.kill()
-                self.process.wait()
-        raise RuntimeError("broker did not start")
+    def log_path(self, node_id: int) -> Path:
+        return self.root / f"kafka-{node_id}.log"
 
-    def kill(self) -> None:
-        if self.process is not None:
-            self.process.send_signal(signal.SIGKILL)
-            self.process.wait()
-            self.process = None
+    def start(self, *node_ids: int, timeout_s: float = 60.0) -> None:
+        """Start the given nodes (all by default) and wait until each serves."""
+        chosen = [n for n in self.nodes if not node_ids or n.node_id in node_ids]
+        offsets = {}
+        for node in chosen:
+            command = kafka_broker.prepare(node, self.nodes, self.cluster_id)
+            log_path = self.log_path(node.node_id)
+            with log_path.open("ab") as log:
+                offsets[node.node_id] = log.tell()
+                self.processes[node.node_id] = subprocess.Popen(
+                    command,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    preexec_fn=processes.die_with_parent,  # noqa: PLW1509
+                )
+        deadline = time.monotonic() + timeout_s
+        for node in chosen:
+            while not self._logged_ready(node.node_id, offsets[node.node_id]):
+                process = self.processes[node.node_id]
+                if process.poll() is not None or time.monotonic() > deadline:
+                    tail = self.log_path(node.node_id).read_text(errors="replace")[-3000:]
+                    raise RuntimeError(f"Kafka node {node.node_id} did not start:\n{tail}")
+                time.sleep(0.05)
+
+    def _logged_ready(self, node_id: int, offset: int) -> bool:
+        with self.log_path(node_id).open("rb") as log:
+            log.seek(offset)
+            return kafka_broker.READY_TEXT.encode() in log.read()
+
+    def pid(self, node_id: int) -> int:
+        return self.processes[node_id].pid
+
+    def kill(self, *node_ids: int) -> None:
+        """SIGKILL the given nodes (all by default)."""
+        for node_id in node_ids or list(self.processes):
+            process = self.processes.pop(node_id, None)
+            if process is not None:
+                process.kill()
+                process.wait()
+
+    def wipe(self) -> None:
+        """Kill every node and lose every log; the next start formats a new cluster."""
+        self.kill()
+        for node in self.nodes:
+            shutil.rmtree(node.log_dir, ignore_errors=True)
+            node.cluster_id_path.unlink(missing_ok=True)
+        self.cluster_id = kafka_broker.new_cluster_id()
 
 
 @contextmanager
-def broker() -> Iterator[Broker]:
-    b = Broker()
-    b.start()
+def kafka_cluster(root: Path, nodes: int = 1) -> Iterator[KafkaCluster]:
+    cluster = KafkaCluster(root, nodes)
+    cluster.start()
     try:
-        yield b
+        yield cluster
     finally:
-        b.kill()
+        cluster.kill()
+
+
+@dataclass
+class Kafka:
+    """What a test gets from a Kafka fixture: a cluster and the topic prefix its services use
+    (a shared cluster gives each test its own prefix, so tests never see each other's records,
+    consumer groups or epochs)."""
+
+    cluster: KafkaCluster
+    prefix: str = ""
+
+    @property
+    def bootstrap(self) -> str:
+        return self.cluster.bootstrap
+
+    def settings(self, **extra: Any) -> KafkaSettings:
+        return KafkaSettings(bootstrap_servers=self.bootstrap, topic_prefix=self.prefix, **extra)
+
+    def env(self) -> dict[str, str]:
+        """The service environment variables that point at this cluster and prefix."""
+        return {
+            "RELAY_KAFKA__BOOTSTRAP_SERVERS": self.bootstrap,
+            "RELAY_KAFKA__TOPIC_PREFIX": self.prefix,
+        }
+
+    def kill(self) -> None:
+        self.cluster.kill()
+
+    def start(self) -> None:
+        self.cluster.start()
 
 
 @contextmanager

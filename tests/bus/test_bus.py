@@ -1,5 +1,5 @@
-"""The bus against the real embedded broker: topics, typed send and consume, commits, and
-recovery when the broker loses its log."""
+"""The bus against Apache Kafka: topics, typed send and consume, commits, and recovery when the
+broker's log is wiped under it."""
 
 from __future__ import annotations
 
@@ -14,12 +14,11 @@ from relay_bus.config import KafkaSettings
 from relay_bus.consumers import Received
 from relay_runtime import exits
 from relay_runtime.readiness import Readiness
-from tests.helpers import Broker, free_port
+from tests.helpers import Kafka, free_port
 
 
-def _settings(broker: Broker, **extra: object) -> KafkaSettings:
-    return KafkaSettings(
-        bootstrap_servers=broker.bootstrap,
+def _settings(kafka: Kafka, **extra: object) -> KafkaSettings:
+    return kafka.settings(
         partitions=4,
         inbox_partitions=2,
         topic_check_interval_s=0.3,
@@ -43,7 +42,7 @@ async def _eventually(check: Callable[[], bool], timeout_s: float = 20.0) -> Non
 
 
 @pytest.fixture
-async def admin(kafka: Broker) -> AsyncIterator[clients.AIOKafkaAdminClient]:
+async def admin(kafka: Kafka) -> AsyncIterator[clients.AIOKafkaAdminClient]:
     client = clients.admin_client(_settings(kafka), "test-admin")
     await client.start()
     yield client
@@ -51,13 +50,14 @@ async def admin(kafka: Broker) -> AsyncIterator[clients.AIOKafkaAdminClient]:
 
 
 async def test_start_creates_every_topic_with_its_partition_count(
-    kafka: Broker, admin: clients.AIOKafkaAdminClient
+    kafka: Kafka, admin: clients.AIOKafkaAdminClient
 ) -> None:
     bus = Bus(_settings(kafka), client_id="t", readiness=Readiness())
     await bus.start(5)
     try:
         described = {
-            d["topic"]: len(d["partitions"]) for d in await admin.describe_topics(list(bus.specs))
+            d["topic"].removeprefix(kafka.prefix): len(d["partitions"])
+            for d in await admin.describe_topics([bus.physical(name) for name in bus.specs])
         }
         assert described == {name: spec.partitions for name, spec in bus.specs.items()}
         assert described[topics.QUEUE_COMMANDS] == 4
@@ -67,10 +67,10 @@ async def test_start_creates_every_topic_with_its_partition_count(
         await bus.stop()
 
 
-async def test_a_wrong_partition_count_stops_the_start_unless_recreation_is_allowed(
-    kafka: Broker, admin: clients.AIOKafkaAdminClient
+async def test_a_wrong_partition_count_stops_the_start(
+    kafka: Kafka, admin: clients.AIOKafkaAdminClient
 ) -> None:
-    await admin.create_topics([clients.NewTopic(topics.QUEUE_EVENTS, 3, 1)])
+    await admin.create_topics([clients.NewTopic(kafka.prefix + topics.QUEUE_EVENTS, 3, 1)])
     bus = Bus(_settings(kafka), client_id="t", readiness=Readiness())
     with pytest.raises(
         exits.StartupError, match=r"relay\.queue\.events has 3 partitions, Relay needs 4"
@@ -78,13 +78,38 @@ async def test_a_wrong_partition_count_stops_the_start_unless_recreation_is_allo
         await bus.start(5)
     assert caught.value.exit_code == exits.EXIT_CONFIG
     await bus.stop()
-    fixing = Bus(
-        _settings(kafka, recreate_mismatched_topics=True), client_id="t", readiness=Readiness()
-    )
-    await fixing.start(5)
-    await fixing.stop()
-    described = await admin.describe_topics([topics.QUEUE_EVENTS])
-    assert len(described[0]["partitions"]) == 4
+    described = await admin.describe_topics([kafka.prefix + topics.QUEUE_EVENTS])
+    assert len(described[0]["partitions"]) == 3  # an operator's topic is never touched
+
+
+async def test_a_replication_factor_above_the_broker_count_stops_the_start(kafka: Kafka) -> None:
+    bus = Bus(_settings(kafka, replication_factor=3), client_id="t", readiness=Readiness())
+    with pytest.raises(
+        exits.StartupError, match=r"has 1 broker\(s\), RELAY_KAFKA__REPLICATION_FACTOR is 3"
+    ) as caught:
+        await bus.start(2)
+    assert caught.value.exit_code == exits.EXIT_CONFIG
+    await bus.stop()
+
+
+async def test_topics_get_min_insync_replicas_from_settings(kafka: Kafka) -> None:
+    bus = Bus(_settings(kafka), client_id="t", readiness=Readiness())
+    await bus.start(5)
+    await bus.stop()
+    admin = clients.admin_client(_settings(kafka), "t")
+    await admin.start()
+    try:
+        found = await admin.describe_configs(
+            [
+                clients.ConfigResource(
+                    clients.ConfigResourceType.TOPIC, bus.physical(topics.QUEUE_COMMANDS)
+                )
+            ]
+        )
+    finally:
+        await admin.close()
+    entries = {e[0]: e[1] for e in found[0].resources[0][4]}
+    assert entries["min.insync.replicas"] == "1"
 
 
 async def test_unreachable_broker_fails_within_the_budget() -> None:
@@ -97,7 +122,7 @@ async def test_unreachable_broker_fails_within_the_budget() -> None:
     assert asyncio.get_running_loop().time() - started < 5
 
 
-async def test_fixed_consumer_commits_and_resumes_after_handled_records(kafka: Broker) -> None:
+async def test_fixed_consumer_commits_and_resumes_after_handled_records(kafka: Kafka) -> None:
     seen: list[str] = []
 
     async def handler(received: Received) -> None:
@@ -128,7 +153,7 @@ async def test_fixed_consumer_commits_and_resumes_after_handled_records(kafka: B
     assert seen == [f"p{n}" for n in range(8)]
 
 
-async def test_failing_handler_is_retried_and_unreadable_records_are_skipped(kafka: Broker) -> None:
+async def test_failing_handler_is_retried_and_unreadable_records_are_skipped(kafka: Kafka) -> None:
     settings = _settings(kafka)
     bus = Bus(settings, client_id="t", readiness=Readiness())
     attempts: list[str] = []
@@ -143,7 +168,9 @@ async def test_failing_handler_is_retried_and_unreadable_records_are_skipped(kaf
     await bus.start(5)
     producer = clients.producer(settings, "raw")
     await producer.start()
-    await producer.send_and_wait(topics.QUEUE_COMMANDS, b'{"kind": "future", "v": 9}', partition=0)
+    await producer.send_and_wait(
+        bus.physical(topics.QUEUE_COMMANDS), b'{"kind": "future", "v": 9}', partition=0
+    )
     await producer.stop()
     await bus.send(topics.QUEUE_COMMANDS, _ping(0), partition=0)
     await bus.send(topics.QUEUE_COMMANDS, _ping(1), partition=0)
@@ -152,7 +179,7 @@ async def test_failing_handler_is_retried_and_unreadable_records_are_skipped(kaf
     assert attempts == ["p0", "p0", "p1"]
 
 
-async def test_group_consumer_gets_assigned_and_becomes_ready(kafka: Broker) -> None:
+async def test_group_consumer_gets_assigned_and_becomes_ready(kafka: Kafka) -> None:
     readiness = Readiness()
     bus = Bus(_settings(kafka), client_id="t", readiness=readiness)
     got: list[str] = []
@@ -170,7 +197,10 @@ async def test_group_consumer_gets_assigned_and_becomes_ready(kafka: Broker) -> 
     await bus.stop()
 
 
-async def test_broker_log_loss_recreates_topics_and_rereads_from_the_start(kafka: Broker) -> None:
+async def test_a_wiped_broker_log_recreates_topics_and_rereads_from_the_start(
+    own_kafka: Kafka,
+) -> None:
+    kafka = own_kafka
     settings = _settings(kafka)
     readiness = Readiness()
     bus = Bus(settings, client_id="t", readiness=readiness)
@@ -187,10 +217,10 @@ async def test_broker_log_loss_recreates_topics_and_rereads_from_the_start(kafka
     await _eventually(lambda: len(seen) == 20)
     old_epoch = bus.epoch
 
-    kafka.kill()
+    kafka.cluster.wipe()
     await _eventually(lambda: not readiness.ready)
     kafka.start()
-    await _eventually(lambda: bus.epoch != old_epoch and readiness.ready)
+    await _eventually(lambda: bus.epoch != old_epoch and readiness.ready, 60)
     # The new log is shorter than the old position (20): without the reset the consumer
     # would wait at offset 20 and never see these.
     for n in range(100, 103):
@@ -199,9 +229,12 @@ async def test_broker_log_loss_recreates_topics_and_rereads_from_the_start(kafka
     await bus.stop()
 
 
-async def test_send_without_a_broker_raises_unavailable_within_its_budget(kafka: Broker) -> None:
+async def test_send_without_a_broker_raises_unavailable_within_its_budget(
+    own_kafka: Kafka,
+) -> None:
     from relay_bus.bus import SEND_BUDGET_S, BusUnavailableError
 
+    kafka = own_kafka
     bus = Bus(_settings(kafka), client_id="t", readiness=Readiness())
     await bus.start(5)
     kafka.kill()

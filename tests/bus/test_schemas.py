@@ -28,9 +28,9 @@ def test_ping_round_trips(ping: schemas.Ping) -> None:
 
 
 def test_unknown_version_is_rejected_by_name() -> None:
-    data = json.loads(schemas.encode(schemas.InboxClaim(instance="i")))
+    data = json.loads(schemas.encode(schemas.Epoch(epoch="e", created_by="i")))
     data["v"] = 2
-    with pytest.raises(schemas.SchemaError, match="unsupported version 2 of 'inbox_claim'"):
+    with pytest.raises(schemas.SchemaError, match="unsupported version 2 of 'epoch'"):
         schemas.decode(json.dumps(data).encode())
 
 
@@ -49,9 +49,9 @@ def test_unreadable_records_raise_schema_error(raw: bytes | None, message: str) 
 
 
 def test_records_are_checked_against_their_topics() -> None:
-    schemas.check_topic(schemas.InboxClaim(instance="i"), topics.INGRESS_INBOX)
+    schemas.check_topic(schemas.Epoch(epoch="e", created_by="i"), topics.EPOCH)
     with pytest.raises(ValueError, match="may not be sent"):
-        schemas.check_topic(schemas.InboxClaim(instance="i"), topics.QUEUE_COMMANDS)
+        schemas.check_topic(schemas.Epoch(epoch="e", created_by="i"), topics.QUEUE_COMMANDS)
 
 
 def test_a_hop_is_appended_without_changing_the_original() -> None:

@@ -7,15 +7,15 @@ from pathlib import Path
 
 import httpx
 
-from tests.helpers import Broker, running_service
+from tests.helpers import Kafka, running_service
 
 TOKEN = "t0ken"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
-def _ingress_env(kafka: Broker, redis_url: str) -> dict[str, str]:
+def _ingress_env(kafka: Kafka, redis_url: str) -> dict[str, str]:
     return {
-        "RELAY_KAFKA__BOOTSTRAP_SERVERS": kafka.bootstrap,
+        **kafka.env(),
         "RELAY_KAFKA__PARTITIONS": "4",
         "RELAY_REDIS_URL": redis_url,
         "RELAY_ADMIN_TOKEN": TOKEN,
@@ -23,7 +23,7 @@ def _ingress_env(kafka: Broker, redis_url: str) -> dict[str, str]:
 
 
 def test_dump_starts_waits_and_needs_the_token(
-    kafka: Broker, redis_url: str, tmp_path: Path
+    kafka: Kafka, redis_url: str, tmp_path: Path
 ) -> None:
     env = _ingress_env(kafka, redis_url)
     store = tmp_path / "qw" / "store"
@@ -58,7 +58,7 @@ def test_dump_starts_waits_and_needs_the_token(
         assert set(started.json()["writers"][0]) == {"instance", "partitions", "dump"}
 
 
-def test_dump_without_queue_writers_is_unavailable(kafka: Broker, redis_url: str) -> None:
+def test_dump_without_queue_writers_is_unavailable(kafka: Kafka, redis_url: str) -> None:
     with running_service("relay-ingress", **_ingress_env(kafka, redis_url)) as ingress:
         response = httpx.post(f"{ingress}/admin/dump?timeout_s=1", headers=AUTH, timeout=10)
     assert response.status_code == 503

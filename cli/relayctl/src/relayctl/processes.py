@@ -22,7 +22,8 @@ from pathlib import Path
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
+    """Run in a child before exec: SIGKILL it when the process that started it dies."""
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
@@ -38,12 +39,16 @@ class Child:
     port: int
     probe_url: str | None = None
     """`/readyz` of a service; None for the broker and Redis (probed by TCP connect)."""
+    ready_text: str | None = None
+    """Text the child logs once it serves (the broker: its port opens earlier than that)."""
     process: subprocess.Popen[bytes] | None = None
     restarts: list[float] = field(default_factory=list)
+    _log_start: int = 0
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
+            self._log_start = log.tell()
             self.process = subprocess.Popen(
                 self.command,
                 env=self.env,
@@ -51,7 +56,7 @@ class Child:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,  # noqa: PLW1509 - relayctl starts no threads
+                preexec_fn=die_with_parent,  # noqa: PLW1509 - relayctl starts no threads
             )
 
     @property
@@ -67,6 +72,17 @@ class Child:
         except OSError:
             return ""
         return lines[-1] if lines else ""
+
+    def logged_ready(self) -> bool:
+        """`ready_text` appears in what this run of the child logged (True if none is set)."""
+        if self.ready_text is None:
+            return True
+        try:
+            with self.log_path.open("rb") as log:
+                log.seek(self._log_start)
+                return self.ready_text.encode() in log.read()
+        except OSError:
+            return False
 
     def signal(self, sig: signal.Signals) -> None:
         if self.process is not None and self.process.poll() is None:

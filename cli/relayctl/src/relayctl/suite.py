@@ -1,11 +1,15 @@
-"""`relayctl up`: the embedded broker, embedded Redis and every service as local processes.
+"""`relayctl up`: Apache Kafka (or an existing cluster), embedded Redis and every service as
+local processes.
 
 Invariants:
 - the ready line is printed only when every service's `/readyz` is green and an admin ping has
   travelled through all five services;
 - a child that exits during start stops the whole suite, and relayctl exits 1 naming it and
   quoting its last log line (its one-line error);
-- after start, a child that exits is restarted (the broker on its old port) with back-off; one
+- the broker keeps its log under `<data-dir>/kafka/` (formatted on first start, refused if it
+  belongs to another cluster), so a restart on the same data dir keeps topics, records and
+  committed offsets; with `--kafka` no broker is started and the services use that cluster;
+- after start, a child that exits is restarted (the broker on its old ports) with back-off; one
   that fails 5 times within a minute stops the suite;
 - SIGINT or SIGTERM stops the services (SIGTERM, 10 s grace, then SIGKILL), then Redis and the
   broker, and removes the run-state file: no child outlives relayctl.
@@ -23,11 +27,12 @@ from types import FrameType
 
 import httpx
 
-from relayctl import embedded, processes, state
+from relayctl import embedded, kafka_broker, processes, state
 
 SERVICES = ("queue-writer", "delivery", "retainer", "replicator", "ingress")
 """Start order; all start at once, ingress last so its port opens when the rest are starting."""
 GRACE_S = 10.0
+INFRASTRUCTURE_BUDGET_S = 30.0
 RESTART_LIMIT = 5
 RESTART_WINDOW_S = 60.0
 
@@ -40,6 +45,8 @@ class Options:
     counts: dict[str, int]
     partitions: int
     ready_timeout_s: float
+    kafka: str | None = None
+    """Bootstrap servers of an existing cluster; None starts the embedded broker."""
 
 
 class SuiteFailedError(Exception):
@@ -61,10 +68,25 @@ class Suite:
         self.logs = self.data_dir / "logs"
         self.token = state.admin_token(self.data_dir)
         host = options.host
-        self.broker = processes.Child(
-            "broker", [], {}, self.logs / "broker.log", processes.free_port(host)
-        )
-        self.broker.command = embedded.broker_command(host, self.broker.port)
+        self.broker: processes.Child | None = None
+        self.kafka_node: kafka_broker.Node | None = None
+        if options.kafka is None:
+            self.kafka_node = kafka_broker.Node(
+                1,
+                host,
+                processes.free_port(host),
+                processes.free_port(host),
+                self.data_dir / "kafka",
+            )
+            self.broker = processes.Child(
+                "broker",
+                [],
+                {},
+                self.logs / "broker.log",
+                self.kafka_node.port,
+                ready_text=kafka_broker.READY_TEXT,
+            )
+        self.bootstrap = options.kafka or self.kafka_node.bootstrap  # type: ignore[union-attr]
         self.redis = processes.Child(
             "redis", [], {}, self.logs / "redis.log", processes.free_port(host)
         )
@@ -77,8 +99,12 @@ class Suite:
         self.ingress_url = f"http://{host}:{first_ingress.port}"
 
     @property
+    def infrastructure(self) -> list[processes.Child]:
+        return [c for c in (self.broker, self.redis) if c is not None]
+
+    @property
     def children(self) -> list[processes.Child]:
-        return [self.broker, self.redis, *self.services]
+        return [*self.infrastructure, *self.services]
 
     def _ingress_port(self, k: int) -> int:
         return (
@@ -95,10 +121,8 @@ class Suite:
             "RELAY_HTTP__HOST": host,
             "RELAY_HTTP__PORT": str(port),
             "RELAY_ADMIN_TOKEN": self.token,
-            "RELAY_KAFKA__BOOTSTRAP_SERVERS": f"{host}:{self.broker.port}",
+            "RELAY_KAFKA__BOOTSTRAP_SERVERS": self.bootstrap,
             "RELAY_KAFKA__PARTITIONS": str(self.options.partitions),
-            # The embedded broker forgets everything on restart; see relay_bus.config.
-            "RELAY_KAFKA__RECREATE_MISMATCHED_TOPICS": "true",
             "RELAY_REDIS_URL": f"redis://{host}:{self.redis.port}/0",
             "RELAY_DATA__DIR": str(self.data_dir / f"{service}-{k}"),
             "RELAY_DATA__ORDINAL": str(k),
@@ -149,14 +173,22 @@ class Suite:
         return code
 
     def _start_infrastructure(self) -> None:
-        for child in (self.broker, self.redis):
+        if self.broker is not None and self.kafka_node is not None:
+            try:
+                self.broker.command = kafka_broker.prepare(self.kafka_node, [self.kafka_node])
+            except kafka_broker.KafkaSetupError as error:
+                raise SuiteFailedError(str(error)) from None
+        for child in self.infrastructure:
             child.start()
-        deadline = time.monotonic() + 10
-        for child in (self.broker, self.redis):
-            while not processes.port_open(self.options.host, child.port):
+        deadline = time.monotonic() + INFRASTRUCTURE_BUDGET_S
+        for child in self.infrastructure:
+            while not (processes.port_open(self.options.host, child.port) and child.logged_ready()):
                 self._check_alive(child)
                 if time.monotonic() > deadline:
-                    raise SuiteFailedError(f"{child.name} did not open port {child.port} in 10 s")
+                    raise SuiteFailedError(
+                        f"{child.name} was not serving on port {child.port} within "
+                        f"{INFRASTRUCTURE_BUDGET_S:g} s; see {child.log_path}"
+                    )
                 time.sleep(0.05)
 
     def _check_alive(self, child: processes.Child) -> None:
@@ -232,7 +264,7 @@ class Suite:
 
     def _stop(self) -> None:
         processes.stop_all(self.services, GRACE_S)
-        processes.stop_all([self.redis, self.broker], 5.0)
+        processes.stop_all(self.infrastructure, GRACE_S)
         state.remove_state(self.data_dir)
 
     def _write_state(self) -> None:

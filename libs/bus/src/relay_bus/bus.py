@@ -3,14 +3,16 @@
 Invariants:
 - `start()` either returns with every Relay topic present at its partition count, the producer
   up and every consumer started, or raises `StartupError` (exit 69 when Kafka does not answer
-  within the start-up budget, exit 78 when a topic has a wrong partition count on a broker that
-  keeps its data);
+  within the start-up budget, exit 78 when a topic has a wrong partition count or the cluster
+  has fewer brokers than the replication factor);
+- every topic and consumer group name is the logical name (`relay_bus.topics`) behind
+  `KafkaSettings.topic_prefix`; callers only ever see logical names;
 - the keeper checks every `topic_check_interval_s` that the topics exist and that the broker's
-  log is the one this process has been reading. A broker that lost its log (the embedded one
-  keeps everything in memory) is detected through the epoch record at offset 0 of
-  `relay.epoch`: the keeper recreates missing topics and tells every consumer to read again from
-  offset 0, because old positions point past the end of the new log. Handlers are idempotent, so
-  reading again is safe;
+  log is the one this process has been reading. A log wiped under running services (a volume
+  lost, a cluster rebuilt) is detected through the epoch record at offset 0 of `relay.epoch`:
+  the keeper recreates missing topics and tells every consumer to read again from offset 0,
+  because old positions point past the end of the new log. Handlers are idempotent, so reading
+  again is safe;
 - readiness condition `kafka` is true only while the last check succeeded.
 """
 
@@ -43,6 +45,8 @@ _TOPIC_EXISTS = 36
 
 SEND_BUDGET_S = 5.0
 SEND_RETRY_S = 0.2
+STOP_BUDGET_S = 5.0
+"""Longest `stop()` waits for a Kafka client to flush and close."""
 
 
 class TopicMismatchError(Exception):
@@ -82,9 +86,10 @@ class Bus:
         consumer = Consumer(
             self.settings,
             topic=topic,
+            physical_topic=self.physical(topic),
             handler=handler,
             client_id=self.client_id,
-            group_id=group_id,
+            group_id=None if group_id is None else self.settings.topic_prefix + group_id,
             partitions=partitions,
             start_offsets=start_offsets,
             on_revoked=on_revoked,
@@ -93,9 +98,14 @@ class Bus:
         self.readiness.register(consumer.name)
         return consumer
 
+    def physical(self, topic: str) -> str:
+        """The name of logical topic `topic` on the cluster."""
+        return self.settings.topic_prefix + topic
+
     async def start(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         self._admin = await self._connect_admin(deadline)
+        await self._wait_for_brokers(deadline)
         try:
             await self.ensure_topics()
         except TopicMismatchError as error:
@@ -104,7 +114,7 @@ class Bus:
         await self._producer.start()
         self._epoch_reader = clients.consumer(self.settings, self.client_id, None)
         await self._epoch_reader.start()
-        self._epoch_reader.assign([clients.TopicPartition(topics.EPOCH, 0)])
+        self._epoch_reader.assign([clients.TopicPartition(self.physical(topics.EPOCH), 0)])
         self.epoch = await self._read_epoch()
         for consumer in self.consumers:
             await consumer.start()
@@ -131,27 +141,52 @@ class Bus:
                 )
             await asyncio.sleep(0.5)
 
+    async def _wait_for_brokers(self, deadline: float) -> None:
+        """Wait until the cluster has `replication_factor` brokers; fail the start if it never
+        does within the budget (topics could not be created, or acks=all never answered)."""
+        assert self._admin is not None
+        needed = self.settings.replication_factor
+        while True:
+            try:
+                brokers = len((await self._admin.describe_cluster())["brokers"])
+            except (clients.KafkaError, OSError):
+                brokers = 0
+            if brokers >= needed:
+                return
+            if time.monotonic() + 0.5 >= deadline:
+                raise exits.StartupError(
+                    f"Kafka at {self.settings.bootstrap_servers} has {brokers} broker(s), "
+                    f"RELAY_KAFKA__REPLICATION_FACTOR is {needed}",
+                    exits.EXIT_CONFIG,
+                )
+            await asyncio.sleep(0.5)
+
     async def ensure_topics(self) -> list[str]:
-        """Create missing Relay topics; check the partition counts of existing ones."""
+        """Create missing Relay topics; check the partition counts of existing ones.
+        Returns the logical names of the topics created."""
         assert self._admin is not None
         existing = set(await self._admin.list_topics())
-        missing = [spec for name, spec in self.specs.items() if name not in existing]
-        present = [name for name in self.specs if name in existing]
+        missing = [spec for name, spec in self.specs.items() if self.physical(name) not in existing]
+        present = [self.physical(name) for name in self.specs if self.physical(name) in existing]
         if present:
             for description in await self._admin.describe_topics(present):
-                name = description["topic"]
+                name = description["topic"].removeprefix(self.settings.topic_prefix)
                 count = len(description["partitions"])
                 if count != self.specs[name].partitions:
-                    await self._mismatch(name, count)
-                    missing.append(self.specs[name])
+                    raise TopicMismatchError(
+                        f"topic {description['topic']} has {count} partitions, Relay needs "
+                        f"{self.specs[name].partitions}; fix the topic or the partition settings "
+                        "(RELAY_KAFKA__PARTITIONS, RELAY_KAFKA__INBOX_PARTITIONS)"
+                    )
         if missing:
+            insync = {"min.insync.replicas": str(self.settings.min_insync_replicas)}
             response = await self._admin.create_topics(
                 [
                     clients.NewTopic(
-                        spec.name,
+                        self.physical(spec.name),
                         spec.partitions,
                         self.settings.replication_factor,
-                        topic_configs=spec.config,
+                        topic_configs={**insync, **spec.config},
                     )
                     for spec in missing
                 ]
@@ -164,21 +199,10 @@ class Bus:
             log.info("topics_created", topics=[spec.name for spec in missing])
         return [spec.name for spec in missing]
 
-    async def _mismatch(self, name: str, count: int) -> None:
-        assert self._admin is not None
-        expected = self.specs[name].partitions
-        if not self.settings.recreate_mismatched_topics:
-            raise TopicMismatchError(
-                f"topic {name} has {count} partitions, Relay needs {expected}; fix the topic or "
-                "the partition settings (RELAY_KAFKA__PARTITIONS, RELAY_KAFKA__INBOX_PARTITIONS)"
-            )
-        log.warning("topic_recreated", topic=name, partitions=count, expected=expected)
-        await self._admin.delete_topics([name])
-
     async def _read_epoch(self) -> str:
         """The epoch at offset 0 of `relay.epoch`, writing one first if the topic is empty."""
         assert self._epoch_reader is not None
-        tp = clients.TopicPartition(topics.EPOCH, 0)
+        tp = clients.TopicPartition(self.physical(topics.EPOCH), 0)
         for _ in range(2):
             self._epoch_reader.seek(tp, 0)
             batch = await self._epoch_reader.getmany(tp, timeout_ms=1000, max_records=1)
@@ -240,7 +264,9 @@ class Bus:
         value = schemas.encode(record)
         deadline = time.monotonic() + SEND_BUDGET_S
         while True:
-            sending = self._producer.send_and_wait(topic, value, key=key, partition=partition)
+            sending = self._producer.send_and_wait(
+                self.physical(topic), value, key=key, partition=partition
+            )
             try:
                 metadata = await asyncio.wait_for(sending, max(0.01, deadline - time.monotonic()))
             except (clients.KafkaError, TimeoutError) as error:
@@ -252,6 +278,14 @@ class Bus:
                 continue
             _PRODUCED.labels(topic).inc()
             return metadata.partition, metadata.offset
+
+    async def end_offsets(self, topic: str, partitions: Sequence[int]) -> dict[int, int]:
+        """The offset the next record of each partition will get (the high watermark: with
+        acks=all, everything below it is acknowledged and will not be lost)."""
+        assert self._epoch_reader is not None, "bus not started"
+        tps = [clients.TopicPartition(self.physical(topic), p) for p in partitions]
+        found = await self._epoch_reader.end_offsets(tps)
+        return {tp.partition: offset for tp, offset in found.items()}
 
     def post(
         self,
@@ -289,7 +323,13 @@ class Bus:
         await asyncio.gather(*self._posted, return_exceptions=True)
         for client in (self._epoch_reader, self._producer):
             if client is not None:
-                await client.stop()
+                try:
+                    await asyncio.wait_for(client.stop(), STOP_BUDGET_S)
+                except TimeoutError:
+                    # Records whose send already failed its budget are still queued in the
+                    # producer while no broker answers; their callers were told
+                    # (BusUnavailableError) and the rest were posts (dropped by definition).
+                    log.warning("kafka_client_stop_abandoned", client=type(client).__name__)
         self._epoch_reader = self._producer = None
         if self._admin is not None:
             await self._admin.close()

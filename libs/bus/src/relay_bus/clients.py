@@ -1,14 +1,13 @@
 """The Kafka clients Relay uses (aiokafka), configured once. The only module importing them.
 
 Why aiokafka: the services are asyncio programs (FastAPI, WebSockets); aiokafka is faust's
-client, produces ~60k msg/s against the embedded broker, and commits, resumes and rebalances
-correctly there. Its idempotent producer does not work against the embedded broker, so Relay's
-idempotence comes from command ids (BRIEF §4), not from the producer. See
-docs/decisions/0001-kafka-client.md.
+client, and commits, resumes, rebalances and produces idempotently against Apache Kafka. The
+idempotent producer removes duplicates from the producer's own retries; Relay's idempotence
+across processes still comes from command ids (BRIEF §4). See docs/decisions/0001-kafka-client.md.
 
-Invariant: no Relay client ever asks a broker to auto-create a topic. Brokers that auto-create
-(the embedded one among them) would give a missing topic 4 partitions after a restart, while
-Relay partitions by key and needs its own counts; see `relay_bus.topics`.
+Invariant: no Relay client ever asks a broker to auto-create a topic. A broker that auto-creates
+would give a missing topic its default partition count, while Relay partitions by key and needs
+its own counts; see `relay_bus.topics`.
 """
 
 from __future__ import annotations
@@ -21,6 +20,7 @@ import aiokafka.client
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError
 from aiokafka.helpers import create_ssl_context
 from aiokafka.protocol.metadata import MetadataRequest
@@ -39,6 +39,8 @@ __all__ = [
     "AIOKafkaAdminClient",
     "AIOKafkaConsumer",
     "AIOKafkaProducer",
+    "ConfigResource",
+    "ConfigResourceType",
     "ConsumerRebalanceListener",
     "KafkaError",
     "NewTopic",
@@ -78,20 +80,23 @@ def admin_client(settings: KafkaSettings, client_id: str) -> AIOKafkaAdminClient
 
 
 def producer(settings: KafkaSettings, client_id: str) -> AIOKafkaProducer:
-    # acks=all: a record counts as sent once every in-sync replica has it. linger_ms=2 lets
-    # concurrent sends share a request without adding visible latency.
+    # acks=all: a record counts as sent once every in-sync replica has it (at least
+    # min.insync.replicas). Idempotence: the producer's own retries never duplicate or reorder a
+    # partition's records. linger_ms=0: records that arrive while a request is in flight share
+    # the next one anyway, so waiting only adds latency.
     return AIOKafkaProducer(
         **_common(settings, client_id),
         acks="all",
-        linger_ms=2,
+        enable_idempotence=True,
+        linger_ms=0,
         max_request_size=topics.MAX_RECORD_BYTES,
     )
 
 
 def consumer(settings: KafkaSettings, client_id: str, group_id: str | None) -> AIOKafkaConsumer:
     # Offsets are committed by hand after the handler has run (at-least-once); a partition
-    # without a committed offset starts at the beginning, since "latest" is unreliable on the
-    # embedded broker and would skip records on a real one after a reset.
+    # without a committed offset starts at the beginning: "latest" would skip records written
+    # before a group's first commit, or after a log loss.
     return AIOKafkaConsumer(
         **_common(settings, client_id),
         group_id=group_id,

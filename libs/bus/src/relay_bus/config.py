@@ -1,6 +1,6 @@
 """Kafka connection and topic settings, shared by every service.
 
-Invariant: the same settings work against the embedded broker (plaintext, one node) and a real
+Invariant: the same settings work against the local broker (plaintext, one node) and a production
 cluster (TLS and SASL passed through to the client untouched); invalid combinations are rejected
 at start, before any connection is tried.
 """
@@ -35,20 +35,22 @@ class KafkaSettings(BaseModel):
     inbox_partitions: int = Field(16, ge=1, le=1024)
     """Partitions of the ingress inbox: the most ingress instances that can run at once."""
     replication_factor: int = Field(1, ge=1, le=16)
-    """Replication factor of topics Relay creates; 3 on a production cluster."""
+    """Replication factor of topics Relay creates; 3 on a production cluster. A start waits
+    (within its budget) for this many brokers and fails if fewer ever answer."""
+    min_insync_replicas: int = Field(1, ge=1, le=16)
+    """`min.insync.replicas` of topics Relay creates; 2 on a production cluster. With acks=all,
+    a write is acknowledged only once this many replicas have it."""
+    topic_prefix: str = Field("", pattern=r"^[A-Za-z0-9._-]{0,100}$")
+    """Prepended to every topic and consumer group name, so that several Relay installations
+    (or tests) can share one cluster."""
     session_timeout_ms: int = Field(6000, ge=1000, le=300_000)
     heartbeat_interval_ms: int = Field(1000, ge=100, le=60_000)
     request_timeout_ms: int = Field(10_000, ge=1000, le=300_000)
-    fetch_max_wait_ms: int = Field(10, ge=1, le=10_000)
-    """Longest a fetch waits for data. The embedded broker answers a fetch only when this runs
-    out (records wait half of it on average), so it is low; a real broker answers as soon as
-    data arrives, and a low value there only adds fetches while a consumer is idle."""
+    fetch_max_wait_ms: int = Field(500, ge=1, le=10_000)
+    """Longest a fetch waits for data on an idle partition. The broker answers as soon as data
+    arrives (fetch.min.bytes 1), so this bounds only idle polling, not latency."""
     topic_check_interval_s: float = Field(1.0, gt=0, le=300)
     """How often each service checks that its topics exist and the broker kept its log."""
-    recreate_mismatched_topics: bool = False
-    """Delete and recreate a Relay topic whose partition count is wrong. Only for brokers
-    that lose everything on restart (the embedded one): on a real cluster a wrong count is
-    an operator's decision and stops the start instead."""
 
     @field_validator("bootstrap_servers")
     @classmethod
@@ -64,6 +66,11 @@ class KafkaSettings(BaseModel):
 
     @model_validator(mode="after")
     def _security_complete(self) -> Self:
+        if self.min_insync_replicas > self.replication_factor:
+            raise ValueError(
+                f"min_insync_replicas {self.min_insync_replicas} exceeds replication_factor "
+                f"{self.replication_factor}: no write could ever be acknowledged"
+            )
         if self.security_protocol.startswith("SASL") and not (
             self.sasl_mechanism and self.sasl_username and self.sasl_password
         ):

@@ -81,6 +81,7 @@ class Consumer:
         settings: KafkaSettings,
         *,
         topic: str,
+        physical_topic: str | None = None,
         handler: Handler,
         client_id: str,
         group_id: str | None,
@@ -92,6 +93,9 @@ class Consumer:
             raise ValueError("a group consumer needs a group_id")
         self.settings = settings
         self.topic = topic
+        """The logical name (what handlers see)."""
+        self.physical_topic = physical_topic or topic
+        """The name on the cluster (`KafkaSettings.topic_prefix` + `topic`)."""
         self.handler = handler
         self.client_id = client_id
         self.group_id = group_id
@@ -113,7 +117,7 @@ class Consumer:
         self._consumer = clients.consumer(self.settings, self.client_id, self.group_id)
         await self._consumer.start()
         if self.partitions is None:
-            self._consumer.subscribe([self.topic], listener=_GroupListener(self))
+            self._consumer.subscribe([self.physical_topic], listener=_GroupListener(self))
         else:
             await self._assign()
         self._task = asyncio.create_task(self._run(), name=self.name)
@@ -121,7 +125,7 @@ class Consumer:
     async def _assign(self) -> None:
         assert self._consumer is not None
         assert self.partitions is not None
-        tps = [clients.TopicPartition(self.topic, p) for p in self.partitions]
+        tps = [clients.TopicPartition(self.physical_topic, p) for p in self.partitions]
         self._consumer.assign(tps)
         await self._seek_start(self.partitions)
         self.assigned = True
@@ -130,7 +134,7 @@ class Consumer:
         if self.start_offsets is None or self._consumer is None or not partitions:
             return
         for partition, offset in (await self.start_offsets(partitions)).items():
-            self._consumer.seek(clients.TopicPartition(self.topic, partition), offset)
+            self._consumer.seek(clients.TopicPartition(self.physical_topic, partition), offset)
 
     def reset_to_beginning(self) -> None:
         """The broker lost its log (a new epoch): read every partition again from offset 0."""

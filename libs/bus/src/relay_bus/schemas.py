@@ -170,24 +170,6 @@ class Deliver(_Record):
     head: HeadMessage | None = None
 
 
-class Marker(_Record):
-    """Written by a reader to a partition it is about to read, to learn the offset to start
-    from (the embedded broker's end offsets are unreliable)."""
-
-    kind: Literal["marker"] = "marker"
-    v: Literal[1] = 1
-    instance: str
-
-
-class InboxClaim(_Record):
-    """Written by an ingress instance to its inbox slot when it takes the slot: it reads from
-    this record's offset on, so replies meant for an earlier holder are never read."""
-
-    kind: Literal["inbox_claim"] = "inbox_claim"
-    v: Literal[1] = 1
-    instance: str
-
-
 class DsMessage(_Record):
     """One message of a durable-stream write or read (API.md, Durable streams)."""
 
@@ -342,8 +324,6 @@ Record = (
     | QueueResync
     | QueueEvent
     | Deliver
-    | Marker
-    | InboxClaim
     | Epoch
     | DsRequest
     | DsReply
@@ -364,8 +344,6 @@ _KNOWN_VERSIONS: dict[str, frozenset[int]] = {
     "queue_resync": frozenset({1}),
     "queue_event": frozenset({1}),
     "deliver": frozenset({1}),
-    "marker": frozenset({1}),
-    "inbox_claim": frozenset({1}),
     "epoch": frozenset({1}),
     "ds_request": frozenset({1}),
     "ds_reply": frozenset({1}),
@@ -392,8 +370,6 @@ ALLOWED_TOPICS: dict[str, frozenset[str]] = {
     "queue_resync": frozenset({topics.QUEUE_COMMANDS}),
     "queue_event": frozenset({topics.QUEUE_EVENTS}),
     "deliver": frozenset({topics.INGRESS_INBOX}),
-    "marker": frozenset({topics.QUEUE_EVENTS, topics.PUBLICATIONS}),
-    "inbox_claim": frozenset({topics.INGRESS_INBOX}),
     "epoch": frozenset({topics.EPOCH}),
     "ds_request": frozenset({topics.PUBLICATIONS}),
     "ds_reply": frozenset({topics.INGRESS_INBOX}),

@@ -7,8 +7,8 @@ their slot's set when they take the slot (whatever an earlier holder left is sta
 
 Invariants:
 - an ingress writes a subscription here before it sends its `topic_sub` records, and removes
-  it before it sends the removal, so a delivery instance that reads here after writing its
-  marker, and then reads the partition from the marker on, misses no change;
+  it before it sends the removal, so a delivery instance that reads here after noting the
+  partition's end offset, and then reads the partition from that offset on, misses no change;
 - everything here is rebuildable: after Redis loses it, every ingress writes its live
   subscriptions again (`register_all`).
 """

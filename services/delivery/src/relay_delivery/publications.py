@@ -5,9 +5,9 @@ Invariants:
 - a publication read from partition p is matched against the subscriptions in force at that
   point of p's log: `topic_sub` records are applied per partition (`FilterIndex`), since every
   ingress sends each change to every partition;
-- on taking a partition over this instance writes a marker to it, loads every subscription
-  Redis lists (`relay_routes.topic_subscriptions`), and reads from the marker on: changes
-  before the marker are in Redis (an ingress writes Redis first), changes after it are read;
+- on taking a partition over this instance notes its end offset, loads every subscription
+  Redis lists (`relay_routes.topic_subscriptions`), and reads from that offset on: changes
+  before it are in Redis (an ingress writes Redis first), changes after it are read;
 - a connection matched by several of its filters gets the publication once; fanouts leave in
   the order publications were read (`Bus.post`). A retained publish with an empty payload
   (a delete) still goes to live subscribers, with its empty payload (MQTT 3.3.1.3). Live
@@ -25,7 +25,6 @@ from redis.exceptions import RedisError
 from relay_bus import schemas, topics
 from relay_bus.bus import Bus
 from relay_bus.consumers import Received
-from relay_delivery.markers import write_markers
 from relay_routes.filters import FilterIndex
 from relay_routes.topic_subscriptions import TopicSubscriptions
 
@@ -50,7 +49,7 @@ class LivePublications:
         self.index = FilterIndex()
 
     async def start_offsets(self, partitions: list[int]) -> dict[int, int]:
-        offsets = await write_markers(self.bus, topics.PUBLICATIONS, partitions, self.instance)
+        offsets = await self.bus.end_offsets(topics.PUBLICATIONS, partitions)
         while True:
             try:
                 listed = await self.registry.every(self.inbox_slots)
@@ -96,4 +95,4 @@ class LivePublications:
             self.publish(record, received.partition)
         elif isinstance(record, schemas.TopicSubscription):
             self.subscription(record, received.partition)
-        # durable-stream and retained requests, markers and pings are for the retainer
+        # durable-stream and retained requests and pings are for the retainer

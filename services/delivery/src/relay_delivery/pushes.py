@@ -3,7 +3,7 @@ instance holding each subscriber's connection (`relay_queues.delivery` decides w
 
 Invariants:
 - on taking a partition over (start, rebalance, a broker that lost its log) this instance
-  writes a marker to it and reads from the marker on: older events describe a past it no longer
+  reads from the partition's end offset at that moment on: older events describe a past it no longer
   knows, and the current state comes instead from a resync of every subscription Redis lists
   for the partition (the queue-writer answers each with the queue's head);
 - pushes leave in the order events were handled (`Bus.post`); a lost push is repaired by the
@@ -20,7 +20,6 @@ from redis.exceptions import RedisError
 from relay_bus import schemas, topics
 from relay_bus.bus import Bus
 from relay_bus.consumers import Handler, Received
-from relay_delivery.markers import write_markers
 from relay_queues import ids
 from relay_queues.delivery import Deliveries, Head, Push, Subscriber
 from relay_routes.subscriptions import Subscriptions
@@ -46,7 +45,7 @@ class Pushes:
         self._resyncs: set[asyncio.Task[None]] = set()
 
     async def start_offsets(self, partitions: list[int]) -> dict[int, int]:
-        offsets = await write_markers(self.bus, topics.QUEUE_EVENTS, partitions, self.instance)
+        offsets = await self.bus.end_offsets(topics.QUEUE_EVENTS, partitions)
         taken = set(partitions)
         self.deliveries.forget(lambda q: ids.partition_of(q, self.partitions) in taken)
         task = asyncio.create_task(self._resync(partitions), name="resync")

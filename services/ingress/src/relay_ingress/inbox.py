@@ -4,8 +4,8 @@ waiting for a reply on it.
 Invariants:
 - an instance reads only the inbox slot it holds a Redis lease for (`relay:ingress:inbox:<n>`,
   renewed every `LEASE_S / 3`), so replies reach the instance whose caller waits;
-- it reads from the offset of the claim record it wrote when taking the slot, so replies meant
-  for an earlier holder are never read; after a broker log loss, from offset 0;
+- it reads from the slot's end offset at the time it took the slot, so replies written for an
+  earlier holder before then are never read; after a broker log loss, from offset 0;
 - a reply for a request that is no longer waiting (timed out) is dropped; a request may get
   several replies (an admin request answered once per command partition).
 """
@@ -95,12 +95,9 @@ class Inbox:
                 self.readiness.set("inbox", False)
 
     async def claim_offsets(self, _: list[int]) -> dict[int, int]:
-        """Write the claim record to the slot; reading starts at its offset."""
+        """Reading starts at the slot's end offset when it was taken."""
         assert self.slot is not None
-        partition, offset = await self.bus.send(
-            topics.INGRESS_INBOX, schemas.InboxClaim(instance=self.instance), partition=self.slot
-        )
-        return {partition: offset}
+        return await self.bus.end_offsets(topics.INGRESS_INBOX, [self.slot])
 
     async def handle(self, received: Received) -> None:
         reply = received.record

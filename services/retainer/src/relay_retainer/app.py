@@ -55,7 +55,7 @@ def build(config: RetainerSettings) -> tuple[FastAPI, BusLifecycle]:
             retained.handle(record, received.partition)
         elif isinstance(record, schemas.Ping):
             await forward(received)
-        # topic subscriptions and delivery's markers share the topic: not for the retainer
+        # topic subscriptions share the topic: not for the retainer
 
     bus.consumer(topics.PUBLICATIONS, handle, group_id=GROUP, partitions=owned)
 
