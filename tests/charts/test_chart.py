@@ -101,6 +101,9 @@ def test_configuration_reaches_the_pods() -> None:
     )
     config = next(d for d in documents if d["kind"] == "ConfigMap")["data"]
     assert config["RELAY_KAFKA__BOOTSTRAP_SERVERS"] == "k1:9093,k2:9093"
+    # A production cluster's defaults: an acknowledged write is on two of three brokers.
+    assert config["RELAY_KAFKA__REPLICATION_FACTOR"] == "3"
+    assert config["RELAY_KAFKA__MIN_INSYNC_REPLICAS"] == "2"
     assert config["RELAY_KAFKA__SASL_MECHANISM"] == "SCRAM-SHA-512"
     _, spec = next(pods(documents))
     names = {e["name"] for e in spec["containers"][0]["env"]}
@@ -123,6 +126,11 @@ def test_configuration_reaches_the_pods() -> None:
 def test_invalid_values_are_refused(values: dict[str, Any]) -> None:
     with pytest.raises(helm_python.HelmError):
         render(values)
+
+
+def test_min_insync_replicas_above_the_replication_factor_is_refused() -> None:
+    with pytest.raises(helm_python.HelmError, match="minInsyncReplicas cannot exceed"):
+        render({"kafka": {"replicationFactor": 1, "minInsyncReplicas": 2}})
 
 
 def test_sasl_without_its_secret_is_refused() -> None:
