@@ -9,6 +9,7 @@ order; nothing is delivered again once its ACK was answered ok; and every queue 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import random
 import time
@@ -135,9 +136,7 @@ def unsettled(record: Record) -> list[tuple[str, int]]:
 def stall_after(record: Record, since: float, window_s: float = 20.0) -> float:
     """The longest time without any 201 in the `window_s` after `since` (a kill)."""
     times = [since, *sorted(t for t in record.stored_at if since < t < since + window_s)]
-    return (
-        max(b - a for a, b in zip(times, times[1:], strict=False)) if len(times) > 1 else window_s
-    )
+    return max(b - a for a, b in itertools.pairwise(times)) if len(times) > 1 else window_s
 
 
 def run(

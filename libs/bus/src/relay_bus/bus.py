@@ -22,6 +22,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 import structlog
 from prometheus_client import Counter
@@ -45,6 +46,8 @@ _TOPIC_EXISTS = 36
 
 SEND_BUDGET_S = 5.0
 SEND_RETRY_S = 0.2
+DESCRIBE_TRIES = 25
+DESCRIBE_RETRY_S = 0.2
 STOP_BUDGET_S = 5.0
 """Longest `stop()` waits for a Kafka client to flush and close."""
 
@@ -169,7 +172,7 @@ class Bus:
         missing = [spec for name, spec in self.specs.items() if self.physical(name) not in existing]
         present = [self.physical(name) for name in self.specs if self.physical(name) in existing]
         if present:
-            for description in await self._admin.describe_topics(present):
+            for description in await self._describe(present):
                 name = description["topic"].removeprefix(self.settings.topic_prefix)
                 count = len(description["partitions"])
                 if count != self.specs[name].partitions:
@@ -198,6 +201,21 @@ class Bus:
                     _TOPICS_CREATED.labels(name).inc()
             log.info("topics_created", topics=[spec.name for spec in missing])
         return [spec.name for spec in missing]
+
+    async def _describe(self, names: list[str]) -> list[dict[str, Any]]:
+        """Describe topics, waiting out the moment after another process created one, when a
+        broker answers for it with an error or no partitions yet."""
+        assert self._admin is not None
+        for _ in range(DESCRIBE_TRIES - 1):
+            described: list[dict[str, Any]] = await self._admin.describe_topics(names)
+            if all(d["error_code"] == 0 and d["partitions"] for d in described):
+                return described
+            await asyncio.sleep(DESCRIBE_RETRY_S)
+        described = await self._admin.describe_topics(names)
+        for d in described:
+            if d["error_code"] != 0:
+                raise clients.KafkaError(f"describing {d['topic']} failed: {d['error_code']}")
+        return described
 
     async def _read_epoch(self) -> str:
         """The epoch at offset 0 of `relay.epoch`, writing one first if the topic is empty."""
