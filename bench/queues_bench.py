@@ -54,38 +54,20 @@ measured window, times the bus hops from the records' producer timestamps (a chi
 reads the command, event and inbox topics), and prints both (a profiled run is slower: take
 figures from a run without it).
 
-Where the time goes (commit 5f8c573, defaults, `--profile`, other sessions' tests loading the
-same 2 cores; shares are of each process's busy py-spy samples). Relay is latency-bound, not
-CPU-bound: the suite used ~1 core of 2 in the window (broker 0.35-0.48, ingress 0.2,
-queue-writer 0.2, delivery 0.09, retainer + replicator 0.08) and its throughput grows with
-concurrency (1 sender 38 msgs/s, 8: 130-170, 32: 349, 64: 499). A lone SEND takes ~25 ms, ~50 ms
-at 8 senders; by the bus records' timestamps, SEND command -> the queue-writer's reply 21 ms p50
-(35 p90), its event -> delivery's MSG record 12 ms p50: each hop through the embedded broker
-costs 10-20 ms, SEND -> 201 is two hops, SEND -> MSG three. The fsyncs are not it (strace, by hand:
-~50 journal rounds/s, fdatasync 0.5 ms p50, 2 ms p90). Per process:
-- queue-writer: the journal's file churn. Every SEND into an emptied queue starts a fresh message
-  file (`QueueJournal.write`: "an emptied queue also starts a fresh file"), so
-  `OpenQueue._apply_write` unlinks the drained file and creates a new one on the event loop for
-  nearly every message (strace, by hand: ~250 unlink + ~250 openat per second at ~130 msgs/s):
-  `Path.unlink` 20% of samples, `_apply_write` 24% inclusive; fdatasync on the executor threads
-  18%; aiokafka ~15%; Ed25519 `verify` 4%; pydantic `model_dump_json` 2%.
-- ingress: loopback socket writes 24%, FastAPI/starlette/h11/uvicorn ~22%, aiokafka 15%, and
-  11% in `run_in_threadpool` from `solve_dependencies`: the dependency `relay_ingress.context.
-  _context` is a plain `def`, so FastAPI runs it in the AnyIO thread pool on every request (a
-  thread hop per SEND; `async def` removes it). WebSocket frames out (`Connection._write`) 6%.
-- delivery: little of its own; aiokafka fetch and decode ~50%, asyncio ~45%.
-- broker (tansu, native, not sampled): the largest CPU user, ~0.3 cores even at 38 msgs/s: the
-  services' consumers polling at `fetch_max_wait_ms` 10 (RELAY_KAFKA__FETCH_MAX_WAIT_MS=1 made
-  the run slower, 97 msgs/s; 50 changed nothing).
-- client: httpx/httpcore/h11/anyio ~55%: ~1 ms of client CPU per Relay message against
-  ~0.2 ms for the NATS and Redis clients; it never saturates here.
-JSON and pydantic stay under 5% in every process. The peers' figures are fsync- and client-bound
-and swing 2-6x between runs when other work shares the disk; Relay's barely move.
-Fixed since: the file churn (a drained queue goes on in its message file) and the thread hop
-(`_context` is async). Dropping the consumers' commit after every batch (the queue-writer and
-delivery seek to their own positions) raised Relay to ~165-214 msgs/s but was reverted: the
-loss test caught acknowledged messages pushed again, because a delivery consumer rejoining with
-no committed offset replayed its partition from the start despite its seek to a marker.
+`--hops` times the bus hops alone (no py-spy): the figures go into the summary as `relay_hops`.
+
+Where the time went on the memory-only stand-in broker (commit 5f8c573, defaults, `--profile`):
+Relay was latency-bound, not CPU-bound (~1 core of 2: broker 0.35-0.48, ingress 0.2,
+queue-writer 0.2, delivery 0.09), and its throughput grew with concurrency (1 sender 38 msgs/s,
+8: 130-170, 64: 499). Each hop through the stand-in cost 10-20 ms: it answered a fetch only when
+its wait (`fetch_max_wait_ms` 10) ran out. Measured again at 19ad401 on the machine of the
+Apache Kafka change, `--only relay --hops`: SEND command -> reply p50 13 ms (p90 19), event ->
+delivery's MSG record p50 9 ms (p90 13); on Apache Kafka 4.1 (this code, same command, same
+machine, minutes apart) see `docs/decisions/0009-apache-kafka-broker.md` for the before/after.
+Per process on the stand-in (py-spy): queue-writer journal file churn (fixed since), ingress
+HTTP stack and a thread hop per request (fixed since), delivery mostly aiokafka fetch and
+decode, client httpx ~1 ms of CPU per Relay message against ~0.2 ms for the NATS and Redis
+clients. JSON and pydantic stay under 5% in every process.
 The last line is a JSON summary.
 """
 
@@ -124,6 +106,7 @@ BODY_BYTES = 256
 HEADER = struct.Struct("!IQd")  # queue index, sequence number in the queue, perf_counter at send
 PAD = b"x" * (BODY_BYTES - HEADER.size)
 VENV_BIN = Path(sys.executable).parent
+ROOT = Path(__file__).resolve().parent.parent
 DRAIN_TIMEOUT_S = 60.0
 START_TIMEOUT_S = 90.0
 
@@ -136,6 +119,13 @@ def b64u(data: bytes) -> str:
 
 def unb64u(text: str) -> bytes:
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def kafka_broker_name() -> str:
+    """The broker `relayctl up` runs, from the jar `./dev setup` fetched."""
+    jars = sorted((ROOT / ".tools" / "kafka" / "jars").glob("kafka_2.13-*.jar"))
+    version = jars[0].stem.removeprefix("kafka_2.13-") if jars else "?"
+    return f"Apache Kafka {version} (KRaft, 1 node; acks=all, idempotent producers)"
 
 
 def free_port() -> int:
@@ -283,6 +273,8 @@ class System:
 
     name = ""
     server_info = ""
+    hops: dict[str, Any] | None = None
+    """Relay's bus hop timings, when observed (`--hops`, `--profile`)."""
 
     async def setup(self, queues: int) -> None:
         raise NotImplementedError
@@ -419,7 +411,9 @@ class Relay(System):
             )
         self.url = self._wait_ready()
         self.ws_url = self.url.replace("http://", "ws://") + "/v1/ws"
-        self.server_info = "relayctl up (1 ingress, 1 queue-writer, 1 delivery)"
+        self.server_info = (
+            f"relayctl up (1 ingress, 1 queue-writer, 1 delivery) on {kafka_broker_name()}"
+        )
         self.keys: list[Ed25519PrivateKey] = []
         self.recipients: list[str] = []
         self.sender_ids: list[str] = []
@@ -864,7 +858,7 @@ async def observe_bus(broker: str, seconds: float) -> dict[str, Any]:
         TopicPartition(name, p) for name in names for p in consumer.partitions_for_topic(name) or ()
     ]
     consumer.assign(tps)
-    await consumer.seek_to_beginning(*tps)  # "latest" is unreliable on the embedded broker
+    await consumer.seek_to_beginning(*tps)  # records before `since_ms` are skipped below
     since_ms = time.time() * 1000
     command: dict[str, int] = {}
     reply: dict[str, int] = {}
@@ -910,6 +904,21 @@ async def observe_bus(broker: str, seconds: float) -> dict[str, Any]:
     }
 
 
+async def observe_child(broker: str, seconds: float) -> dict[str, Any]:
+    """`observe_bus` in a child process, so this client's profile and loop are not touched."""
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        __file__,
+        "--observe-bus",
+        broker,
+        str(seconds),
+        stdout=asyncio.subprocess.PIPE,
+    )
+    out, _ = await child.communicate()
+    found: dict[str, Any] = json.loads(out)
+    return found
+
+
 # -- the run ----------------------------------------------------------------------------------
 
 
@@ -917,6 +926,15 @@ async def run_system(
     system: System, args: argparse.Namespace, profile_dir: Path | None = None
 ) -> dict[str, Any]:
     on_window = None
+    if args.hops and profile_dir is None and isinstance(system, Relay):
+        broker = next(c["port"] for c in system.state()["children"] if c["name"] == "broker")
+
+        async def hops_only() -> None:
+            system.hops = await observe_child(f"127.0.0.1:{broker}", args.seconds)
+
+        def on_window() -> Any:
+            return hops_only()
+
     if profile_dir is not None and isinstance(system, Relay):
         children = system.children()
         pids = {
@@ -928,16 +946,8 @@ async def run_system(
         broker = next(c["port"] for c in system.state()["children"] if c["name"] == "broker")
 
         async def observe() -> None:
-            child = await asyncio.create_subprocess_exec(
-                sys.executable,
-                __file__,
-                "--observe-bus",
-                f"127.0.0.1:{broker}",
-                str(args.seconds),
-                stdout=asyncio.subprocess.PIPE,
-            )
-            out, _ = await child.communicate()
-            (profile_dir / "bus.json").write_bytes(out)
+            system.hops = await observe_child(f"127.0.0.1:{broker}", args.seconds)
+            (profile_dir / "bus.json").write_text(json.dumps(system.hops))
 
         def on_window() -> Any:
             return asyncio.gather(profile(pids, args.seconds, profile_dir), observe())
@@ -952,6 +962,7 @@ def run_one(kind: type[System], work: Path, args: argparse.Namespace) -> dict[st
     finally:
         system.stop()
     result["server"] = system.server_info
+    result["hops"] = getattr(system, "hops", None)
     return result
 
 
@@ -965,6 +976,7 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=64, help="unreceived messages per queue")
     parser.add_argument("--only", choices=["relay", "nats", "redis"], action="append")
     parser.add_argument("--profile", type=Path, help="py-spy the Relay run into this folder")
+    parser.add_argument("--hops", action="store_true", help="time Relay's bus hops")
     parser.add_argument("--observe-bus", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.observe_bus:
@@ -1065,6 +1077,8 @@ def json_summary(
     for peer in ("nats", "redis"):
         other = results.get(peer, {}).get("msgs_per_s")
         summary[f"ratio_vs_{peer}"] = round(relay / other, 3) if relay and other else None
+    summary["relay_server"] = results.get("relay", {}).get("server")
+    summary["relay_hops"] = results.get("relay", {}).get("hops")
     summary["nats_server"] = results.get("nats", {}).get("server")
     summary["redis_server"] = results.get("redis", {}).get("server")
     summary["correct"] = all(

@@ -223,8 +223,9 @@ def running_service(script: str, ready_timeout_s: float = 30, **env: str) -> Ite
             process.wait()
 
 
-READY_BUDGET_S = 30.0
-"""The issue-15 promise: `relayctl up` prints its ready line within 30 s on 2 cores."""
+READY_BUDGET_S = 60.0
+"""How long a test waits for a suite's ready line (several instances, another suite beside it).
+The default start's own promise (30 s) is checked by `tests/suite/test_up.py`."""
 
 
 @dataclass

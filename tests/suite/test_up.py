@@ -35,6 +35,8 @@ def _assert_stops_cleanly(running: Running, sig: signal.Signals = signal.SIGTERM
 def test_readme_entry_point_starts_pings_and_stops_cleanly(tmp_path: Path) -> None:
     with suite(tmp_path, "--port", str(free_port()), entry=[str(ROOT / "dev"), "up"]) as running:
         assert "ping" in running.ready_line
+        ready_s = float(running.ready_line.split(" in ", 1)[1].split(" s:", 1)[0])
+        assert ready_s < 30, running.ready_line  # Apache Kafka included, on 2 cores
         response = running.ping()
         assert response.status_code == 200, response.text
         report = response.json()
