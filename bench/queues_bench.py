@@ -60,10 +60,10 @@ Where the time went on the memory-only stand-in broker (commit 5f8c573, defaults
 Relay was latency-bound, not CPU-bound (~1 core of 2: broker 0.35-0.48, ingress 0.2,
 queue-writer 0.2, delivery 0.09), and its throughput grew with concurrency (1 sender 38 msgs/s,
 8: 130-170, 64: 499). Each hop through the stand-in cost 10-20 ms: it answered a fetch only when
-its wait (`fetch_max_wait_ms` 10) ran out. Measured again at 19ad401 on the machine of the
-Apache Kafka change, `--only relay --hops`: SEND command -> reply p50 13 ms (p90 19), event ->
-delivery's MSG record p50 9 ms (p90 13); on Apache Kafka 4.1 (this code, same command, same
-machine, minutes apart) see `docs/decisions/0009-apache-kafka-broker.md` for the before/after.
+its wait (`fetch_max_wait_ms` 10) ran out. Measured again on one machine, minutes apart,
+`--only relay --hops`: at 19ad401 (stand-in) SEND command -> reply p50 20 ms (p90 34), event ->
+delivery's MSG record p50 16 ms (p90 27), 161 msgs/s; on Apache Kafka 4.1 11-12 ms (p90 19-20),
+3 ms (p90 7-8), 259-261 msgs/s (decision 0009).
 Per process on the stand-in (py-spy): queue-writer journal file churn (fixed since), ingress
 HTTP stack and a thread hop per request (fixed since), delivery mostly aiokafka fetch and
 decode, client httpx ~1 ms of CPU per Relay message against ~0.2 ms for the NATS and Redis
@@ -852,11 +852,9 @@ async def observe_bus(broker: str, seconds: float) -> dict[str, Any]:
         bootstrap_servers=broker, enable_auto_commit=False, fetch_max_wait_ms=10
     )
     await consumer.start()
-    await consumer.topics()
+    cluster = await consumer._client.fetch_all_metadata()
     names = (topics.QUEUE_COMMANDS, topics.QUEUE_EVENTS, topics.INGRESS_INBOX)
-    tps = [
-        TopicPartition(name, p) for name in names for p in consumer.partitions_for_topic(name) or ()
-    ]
+    tps = [TopicPartition(name, p) for name in names for p in cluster.partitions_for_topic(name)]
     consumer.assign(tps)
     await consumer.seek_to_beginning(*tps)  # records before `since_ms` are skipped below
     since_ms = time.time() * 1000
@@ -933,7 +931,7 @@ async def run_system(
             system.hops = await observe_child(f"127.0.0.1:{broker}", args.seconds)
 
         def on_window() -> Any:
-            return hops_only()
+            return asyncio.ensure_future(hops_only())
 
     if profile_dir is not None and isinstance(system, Relay):
         children = system.children()
