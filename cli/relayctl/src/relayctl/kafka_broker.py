@@ -191,7 +191,14 @@ def _check_formatted(node: Node, meta: dict[str, str], cluster_id: str | None) -
 
 
 def _format(base: list[str], config: Path, cluster_id: str) -> None:
-    command = [*base, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config)]
+    # `=`: a base64url id may begin with "-", which would otherwise read as an option.
+    command = [
+        *base,
+        "kafka.tools.StorageTool",
+        "format",
+        f"--cluster-id={cluster_id}",
+        f"--config={config}",
+    ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
     if done.returncode != 0:
         lines = (done.stderr or done.stdout).strip().splitlines()

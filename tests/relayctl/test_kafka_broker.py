@@ -1,0 +1,69 @@
+"""Preparing an Apache Kafka node's log dir: formatted once, for the cluster recorded beside it;
+anything else is refused with one line before a JVM starts the broker."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from relayctl import kafka_broker
+
+
+def _node(tmp_path: Path, node_id: int = 1) -> kafka_broker.Node:
+    return kafka_broker.Node(node_id, "127.0.0.1", 9092, 9093, tmp_path / "kafka")
+
+
+def test_a_new_log_dir_is_formatted_once_even_for_an_id_that_looks_like_an_option(
+    tmp_path: Path,
+) -> None:
+    node = _node(tmp_path)
+    cluster_id = "-" + kafka_broker.new_cluster_id()[1:]  # 1 in 64 random ids begins so
+    command = kafka_broker.prepare(node, [node], cluster_id)
+    assert command[-2:] == ["kafka.Kafka", str(node.config_dir / "server.properties")]
+    meta = (node.log_dir / "meta.properties").read_text()
+    assert f"cluster.id={cluster_id}" in meta
+    assert node.cluster_id_path.read_text().strip() == cluster_id
+    before = (node.log_dir / "meta.properties").stat().st_mtime_ns
+    kafka_broker.prepare(node, [node])  # again: kept, not formatted a second time
+    assert (node.log_dir / "meta.properties").stat().st_mtime_ns == before
+
+
+def test_a_log_dir_of_another_cluster_or_node_is_refused(tmp_path: Path) -> None:
+    node = _node(tmp_path)
+    kafka_broker.prepare(node, [node])
+    node.cluster_id_path.write_text("AAAAAAAAAAAAAAAAAAAAAA\n")
+    with pytest.raises(kafka_broker.KafkaSetupError, match="was formatted for Kafka cluster"):
+        kafka_broker.prepare(node, [node])
+    node.cluster_id_path.unlink()
+    with pytest.raises(kafka_broker.KafkaSetupError, match=r"\(none recorded\)"):
+        kafka_broker.prepare(node, [node])
+    other = _node(tmp_path, node_id=2)
+    meta = (node.log_dir / "meta.properties").read_text()
+    cluster_id = next(line for line in meta.splitlines() if line.startswith("cluster.id="))
+    with pytest.raises(kafka_broker.KafkaSetupError, match="belongs to Kafka node 1, not node 2"):
+        kafka_broker.prepare(other, [other], cluster_id.split("=", 1)[1])
+
+
+def test_a_non_empty_unformatted_dir_is_refused(tmp_path: Path) -> None:
+    node = _node(tmp_path)
+    node.log_dir.mkdir()
+    (node.log_dir / "something").write_text("x")
+    with pytest.raises(kafka_broker.KafkaSetupError, match="holds files but no Kafka"):
+        kafka_broker.prepare(node, [node])
+
+
+def test_three_voters_replicate_three_ways_with_two_in_sync() -> None:
+    nodes = [
+        kafka_broker.Node(n, "127.0.0.1", 9000 + n, 9100 + n, Path(f"/k{n}")) for n in (1, 2, 3)
+    ]
+    lines = dict(
+        line.split("=", 1) for line in kafka_broker.properties(nodes[1], nodes).splitlines()
+    )
+    assert lines["controller.quorum.voters"] == (
+        "1@127.0.0.1:9101,2@127.0.0.1:9102,3@127.0.0.1:9103"
+    )
+    assert lines["node.id"] == "2"
+    assert lines["default.replication.factor"] == "3"
+    assert lines["min.insync.replicas"] == "2"
+    assert lines["auto.create.topics.enable"] == "false"
