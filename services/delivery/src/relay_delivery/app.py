@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 from pydantic import RedisDsn
-from redis.asyncio import Redis
 
 from relay_bus import ping, topics
 from relay_bus.bus import Bus
@@ -18,7 +17,7 @@ from relay_bus.config import KafkaSettings
 from relay_bus.lifecycle import BusLifecycle
 from relay_delivery.publications import LivePublications
 from relay_delivery.pushes import Pushes
-from relay_routes import subscriptions
+from relay_routes import client, subscriptions
 from relay_routes.topic_subscriptions import TopicSubscriptions
 from relay_runtime import settings
 from relay_runtime.probes import probe_routes
@@ -38,7 +37,7 @@ class DeliverySettings(settings.ServiceSettings):
 def build(config: DeliverySettings) -> tuple[FastAPI, BusLifecycle]:
     readiness = Readiness()
     bus = Bus(config.kafka, client_id=f"{SERVICE}-{config.instance}", readiness=readiness)
-    redis = Redis.from_url(str(config.redis_url), socket_timeout=5, socket_connect_timeout=2)
+    redis = client.connect(str(config.redis_url))
     pushes = Pushes(
         bus, subscriptions.Subscriptions(redis), config.kafka.partitions, config.instance
     )

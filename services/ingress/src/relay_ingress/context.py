@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 from fastapi import Depends
 from redis.asyncio import Redis
@@ -12,9 +12,7 @@ from starlette.requests import HTTPConnection
 from relay_bus.bus import Bus
 from relay_ingress.connections import Connections
 from relay_ingress.inbox import Inbox
-
-if TYPE_CHECKING:
-    from relay_ingress.app import IngressSettings
+from relay_ingress.settings import IngressSettings
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from relay_ingress.app import IngressSettings, build
+from relay_ingress.app import build
+from relay_ingress.settings import IngressSettings
 from relay_runtime.serve import run_service
 
 

@@ -34,6 +34,7 @@ from relay_ingress.checks import B64U_PATTERN, bad, parse_filter, parse_topic
 from relay_ingress.context import Context, Ctx
 from relay_ingress.errors import ApiError, documented
 from relay_queues import ids
+from relay_routes import guards
 from relay_streams import topics
 from relay_streams.retained import merge_pages, order_key
 
@@ -108,12 +109,8 @@ def decode_cursor(text: str) -> str:
 async def _rate_limited(ctx: Context, address: str) -> None:
     """At most `publish_per_s` publishes per client address per second, across every ingress
     instance (a Redis counter per address and second)."""
-    key = f"relay:rate:publish:{address}:{int(time.time())}"
     try:
-        async with ctx.redis.pipeline(transaction=False) as pipe:
-            pipe.incr(key)
-            pipe.expire(key, 2)
-            count, _ = await pipe.execute()
+        count = await guards.count_publish(ctx.redis, address, int(time.time()))
     except RedisError:
         raise ApiError(503, "UNAVAILABLE", "rate limit state unavailable; retry") from None
     if count > ctx.config.publish_per_s:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import time
 from typing import Annotated, Any, Literal
@@ -27,7 +26,6 @@ from typing import Annotated, Any, Literal
 import structlog
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from redis.asyncio import Redis
 from redis.exceptions import RedisError
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
@@ -38,6 +36,7 @@ from relay_ingress.connections import Connection, Connections
 from relay_ingress.context import Context, Ctx
 from relay_ingress.errors import ApiError
 from relay_queues import auth, ids
+from relay_routes import guards
 
 log = structlog.get_logger(__name__)
 
@@ -129,12 +128,6 @@ def _parse(text: str) -> tuple[object, Command | dict[str, Any]]:
         return frame_id, _error(frame_id, "BAD_REQUEST", f"{where}: {first['msg']}")
 
 
-async def _fresh_signature(redis: Redis, signature: bytes) -> bool:
-    """True the first time a signature is seen within the replay window."""
-    digest = hashlib.sha256(signature).hexdigest()[:32]
-    return bool(await redis.set(f"relay:sig:{digest}", 1, nx=True, ex=2 * auth.SKEW_S))
-
-
 class Session:
     def __init__(self, ctx: Context, conn: Connection) -> None:
         self.ctx = ctx
@@ -224,7 +217,7 @@ class Session:
         partition = ids.partition_of(command.queue, self.ctx.config.kafka.partitions)
         wait_s = self.ctx.config.request_timeout_s
         if isinstance(command, Sub):
-            if not await _fresh_signature(self.ctx.redis, signature):
+            if not await guards.first_use(self.ctx.redis, signature, 2 * auth.SKEW_S):
                 raise ApiError(401, "AUTH", "signature already used")
             await self.connections.subscribing(self.conn, command.queue)
             await asking.command(

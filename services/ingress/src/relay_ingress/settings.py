@@ -1,0 +1,44 @@
+"""The ingress's settings (`RELAY_*`), validated once at start; nothing else lives here, so every
+module can import them without importing the wiring."""
+
+from __future__ import annotations
+
+from pydantic import Field, RedisDsn
+
+from relay_bus.config import KafkaSettings
+from relay_runtime.settings import ServiceSettings
+
+
+class IngressSettings(ServiceSettings):
+    kafka: KafkaSettings = KafkaSettings()
+    redis_url: RedisDsn = RedisDsn("redis://127.0.0.1:6379/0")
+    """Redis for connection routing, leases and rate limits (ephemeral state only)."""
+    ping_timeout_s: float = Field(10.0, gt=0, le=60)
+    """How long `/admin/ping` waits for its ping to come back."""
+    request_timeout_s: float = Field(10.0, gt=0, le=60)
+    """How long a client request waits for its queue-writer's answer before 503."""
+    ws_connections_per_address: int = Field(256, ge=1)
+    """WebSocket connections one client address may hold at this instance."""
+    ws_frames_per_s: float = Field(100.0, gt=0)
+    """Frames per second a connection may send (RATE_LIMITED beyond), with a burst of
+    `ws_frame_burst`."""
+    ws_frame_burst: int = Field(200, ge=1)
+    ws_max_frame_bytes: int = Field(65536, ge=1024, le=1 << 20)
+    """Largest text frame answered; larger ones get TOO_LARGE (past 1 MiB the connection is
+    closed by the WebSocket layer)."""
+    ws_commands_in_flight: int = Field(64, ge=1, le=10_000)
+    """Commands of one connection waiting for the queue-writer at once."""
+    max_body_bytes: int = Field(16384, gt=0, le=1 << 20)
+    """Largest message body accepted, decoded (TOO_LARGE beyond)."""
+    ds_max_batch_messages: int = Field(1000, ge=1, le=100_000)
+    """Messages one `POST /v1/ds/{db}/messages` may carry (TOO_LARGE beyond)."""
+    ds_max_batch_bytes: int = Field(524_288, ge=1024, le=700_000)  # bytes
+    """Topic and decoded payload bytes one durable-stream batch may carry (TOO_LARGE beyond):
+    each part travels as one Kafka record, base64 included, under the 1 MiB record limit."""
+    max_publish_bytes: int = Field(1 << 20, ge=1, le=1 << 20)
+    """Largest publish payload accepted, decoded (TOO_LARGE beyond; MQTT brokers' usual 1 MiB)."""
+    publish_per_s: int = Field(1000, ge=1)
+    """Publishes one client address may make per second, over every ingress instance
+    (RATE_LIMITED beyond)."""
+    admin_timeout_s: float = Field(30.0, gt=0, le=600)
+    """How long admin requests to every queue-writer (`/admin/dump`) wait for all answers."""
