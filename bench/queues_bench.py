@@ -871,7 +871,7 @@ async def observe_bus(broker: str, seconds: float) -> dict[str, Any]:
                     continue
                 with contextlib.suppress(schemas.SchemaError):
                     record = schemas.decode(r.value)
-                    if isinstance(record, schemas.QueueCommand) and record.op == "send":
+                    if isinstance(record, schemas.SendMessage):
                         command[record.id] = r.timestamp
                         send_of[record.msg_id] = record.id
                     elif isinstance(record, schemas.QueueReply):

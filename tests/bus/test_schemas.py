@@ -61,3 +61,71 @@ def test_a_hop_is_appended_without_changing_the_original() -> None:
     assert [h.service for h in hopped.hops] == ["queue-writer"]
     assert hopped.expired(3.0)
     assert not hopped.expired(1.9)
+
+
+_ROUTING = {"id": "r1", "origin": "ingress-0", "reply_slot": 3, "deadline_ms": 1e13}
+_V1_BLANK = {
+    "queue": "",
+    "sender": "",
+    "recipient_key": "",
+    "msg_id": "",
+    "body": "",
+    "ttl_s": None,
+    "signed": "",
+    "sig": "",
+    "slot": None,
+    "conn": "",
+}
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        (
+            {"op": "create", "queue": "q", "sender": "s", "recipient_key": "k"},
+            schemas.CreateQueue(**_ROUTING, queue="q", sender="s", recipient_key="k"),
+        ),
+        (
+            {"op": "send", "sender": "s", "msg_id": "m", "body": "Ym9keQ", "ttl_s": 60},
+            schemas.SendMessage(**_ROUTING, sender="s", msg_id="m", body="Ym9keQ", ttl_s=60),
+        ),
+        (
+            {"op": "ack", "queue": "q", "msg_id": "m", "signed": "t", "sig": "x"},
+            schemas.AckMessage(**_ROUTING, queue="q", msg_id="m", signed="t", sig="x"),
+        ),
+        (
+            {"op": "sub", "queue": "q", "signed": "t", "sig": "x", "slot": 2, "conn": "c"},
+            schemas.SubscribeQueue(**_ROUTING, queue="q", signed="t", sig="x", slot=2, conn="c"),
+        ),
+    ],
+)
+def test_v1_queue_commands_are_read_as_their_v2_model(
+    fields: dict[str, object], expected: schemas.QueueCommand
+) -> None:
+    v1 = {"kind": "queue_cmd", "v": 1, **_ROUTING, **_V1_BLANK, **fields}
+    decoded = schemas.decode(json.dumps(v1).encode())
+    assert decoded == expected
+    assert schemas.decode(schemas.encode(decoded)) == expected  # written as v2
+    assert json.loads(schemas.encode(decoded))["v"] == 2
+
+
+def test_a_v1_command_missing_what_its_operation_needs_is_unreadable() -> None:
+    v1 = {"kind": "queue_cmd", "v": 1, **_ROUTING, **_V1_BLANK, "op": "sub", "queue": "q"}
+    with pytest.raises(schemas.SchemaError, match="invalid 'queue_cmd' v1"):
+        schemas.decode(json.dumps(v1).encode())
+
+
+def test_a_v2_command_carries_only_its_operations_fields() -> None:
+    head = schemas.ReadHead(**_ROUTING, queue="q", signed="t", sig="x")
+    assert set(json.loads(schemas.encode(head))) == {
+        *_ROUTING,
+        "kind",
+        "v",
+        "op",
+        "queue",
+        "signed",
+        "sig",
+    }
+    extra = {**json.loads(schemas.encode(head)), "slot": 1}
+    with pytest.raises(schemas.SchemaError, match="invalid 'queue_cmd' v2"):
+        schemas.decode(json.dumps(extra).encode())

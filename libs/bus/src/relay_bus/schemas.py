@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from relay_bus import topics
+from relay_queues.delivery import Head
 
 
 class SchemaError(ValueError):
@@ -85,30 +86,122 @@ class AdminReply(_Record):
     result: dict[str, Any]
 
 
-class QueueCommand(_Request):
+class _QueueCommand(_Request):
     """A client's queue request, for the queue-writer owning the queue's partition (see
-    `relay_queues.ids.partition_of`); answered with a `QueueReply`. Recipient commands carry
-    `signed` (the text the ingress built from the request) and `sig` (the client's signature)."""
+    `relay_queues.ids.partition_of`); answered with a `QueueReply`. One model per operation
+    (v2); v1 records (one model for every operation) are still read, as `QueueCommandV1`."""
+
+    kind: Literal["queue_cmd"] = "queue_cmd"
+    v: Literal[2] = 2
+
+
+class CreateQueue(_QueueCommand):
+    op: Literal["create"] = "create"
+    queue: str
+    """Recipient id, chosen by the ingress."""
+    sender: str
+    recipient_key: str
+    """b64u Ed25519 public key."""
+
+
+class SendMessage(_QueueCommand):
+    op: Literal["send"] = "send"
+    sender: str
+    msg_id: str
+    """The id the ingress chose."""
+    body: str
+    """b64u."""
+    ttl_s: int | None = None
+
+
+class _RecipientCommand(_QueueCommand):
+    """A recipient's command: `signed` is the text the ingress built from the request, `sig`
+    the client's b64u Ed25519 signature of it."""
+
+    queue: str
+    signed: str
+    sig: str
+
+
+class ReadInfo(_RecipientCommand):
+    op: Literal["info"] = "info"
+
+
+class ReadHead(_RecipientCommand):
+    op: Literal["head"] = "head"
+
+
+class AckMessage(_RecipientCommand):
+    op: Literal["ack"] = "ack"
+    msg_id: str
+
+
+class SuspendQueue(_RecipientCommand):
+    op: Literal["suspend"] = "suspend"
+
+
+class DeleteQueue(_RecipientCommand):
+    op: Literal["delete"] = "delete"
+
+
+class SubscribeQueue(_RecipientCommand):
+    op: Literal["sub"] = "sub"
+    slot: int = Field(ge=0)
+    """The inbox slot of the ingress holding the connection; `conn` its id there."""
+    conn: str
+
+
+QueueCommand = (
+    CreateQueue
+    | SendMessage
+    | ReadInfo
+    | ReadHead
+    | AckMessage
+    | SuspendQueue
+    | DeleteQueue
+    | SubscribeQueue
+)
+RecipientCommand = ReadInfo | ReadHead | AckMessage | SuspendQueue | DeleteQueue | SubscribeQueue
+_QUEUE_COMMANDS: dict[str, type[_QueueCommand]] = {
+    cls.model_fields["op"].default: cls
+    for cls in (
+        CreateQueue,
+        SendMessage,
+        ReadInfo,
+        ReadHead,
+        AckMessage,
+        SuspendQueue,
+        DeleteQueue,
+        SubscribeQueue,
+    )
+}
+
+
+class QueueCommandV1(_Request):
+    """Version 1 of `queue_cmd`: every operation in one model, unused fields empty. Read (and
+    upgraded) only; this build writes v2."""
 
     kind: Literal["queue_cmd"] = "queue_cmd"
     v: Literal[1] = 1
     op: Literal["create", "send", "info", "head", "ack", "suspend", "delete", "sub"]
     queue: str = ""
-    """Recipient id (every op but `send`)."""
     sender: str = ""
-    """Sender id (`create`, `send`)."""
     recipient_key: str = ""
     msg_id: str = ""
-    """`send`: the id the ingress chose; `ack`: the message acknowledged."""
     body: str = ""
-    """b64u."""
     ttl_s: int | None = None
     signed: str = ""
     sig: str = ""
-    """b64u Ed25519 signature of `signed`."""
     slot: int | None = None
-    """`sub`: the inbox slot of the ingress holding the connection; `conn` its id there."""
     conn: str = ""
+
+    def upgrade(self) -> QueueCommand:
+        """The same command as its v2 model (which checks the fields its operation needs)."""
+        model = _QUEUE_COMMANDS[self.op]
+        fields = self.model_dump(exclude={"kind", "v"})
+        wanted = {k: v for k, v in fields.items() if k in model.model_fields}
+        upgraded: QueueCommand = model.model_validate(wanted)  # type: ignore[assignment]
+        return upgraded
 
 
 class QueueReply(_Record):
@@ -132,19 +225,6 @@ class QueueResync(_Record):
     conn: str
 
 
-class HeadMessage(_Record):
-    msg_id: str
-    ts: int
-    body: str = ""
-    quota: bool = False
-
-
-def head_message(head: object | None) -> HeadMessage | None:
-    """A queue's head from the queue rules (any object with `msg_id`, `ts`, `body`, `quota`,
-    such as `relay_queues.delivery.Head`) as a record."""
-    return None if head is None else HeadMessage.model_validate(head, from_attributes=True)
-
-
 class QueueEvent(_Record):
     """What a queue-writer did to a queue, for delivery (`relay_queues.delivery`); or, with
     `event="unsubscribed"`, an ingress saying a subscriber's connection closed."""
@@ -154,7 +234,7 @@ class QueueEvent(_Record):
     event: Literal["changed", "read", "subscribed", "deleted", "unsubscribed"]
     queue: str
     lsn: int = 0
-    head: HeadMessage | None = None
+    head: Head | None = None
     slot: int | None = None
     conn: str = ""
 
@@ -167,7 +247,7 @@ class Deliver(_Record):
     frame: Literal["MSG", "END"]
     conn: str
     queue: str
-    head: HeadMessage | None = None
+    head: Head | None = None
 
 
 class DsMessage(_Record):
@@ -319,7 +399,7 @@ Record = (
     Ping
     | AdminRequest
     | AdminReply
-    | QueueCommand
+    | Annotated[QueueCommand, Field(discriminator="op")]
     | QueueReply
     | QueueResync
     | QueueEvent
@@ -339,7 +419,7 @@ _KNOWN_VERSIONS: dict[str, frozenset[int]] = {
     "ping": frozenset({1}),
     "admin": frozenset({1}),
     "admin_reply": frozenset({1}),
-    "queue_cmd": frozenset({1}),
+    "queue_cmd": frozenset({1, 2}),
     "queue_reply": frozenset({1}),
     "queue_resync": frozenset({1}),
     "queue_event": frozenset({1}),
@@ -410,6 +490,8 @@ def decode(data: bytes | None) -> Record:
             f" (this build reads {sorted(versions)})"
         )
     try:
+        if header.kind == "queue_cmd" and header.v == 1:
+            return QueueCommandV1.model_validate_json(data).upgrade()
         return _ADAPTER.validate_json(data)
     except ValidationError as error:
         raise SchemaError(

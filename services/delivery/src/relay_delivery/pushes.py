@@ -21,16 +21,12 @@ from relay_bus import schemas, topics
 from relay_bus.bus import Bus
 from relay_bus.consumers import Handler, Received
 from relay_queues import ids
-from relay_queues.delivery import Deliveries, Head, Push, Subscriber
+from relay_queues.delivery import Deliveries, Push, Subscriber
 from relay_routes.subscriptions import Subscriptions
 
 log = structlog.get_logger(__name__)
 
 RESYNC_RETRY_S = 1.0
-
-
-def _head(record: schemas.HeadMessage | None) -> Head | None:
-    return None if record is None else Head(**record.model_dump())
 
 
 class Pushes:
@@ -79,7 +75,7 @@ class Pushes:
             frame=push.frame.value,
             conn=push.to.conn,
             queue=push.queue,
-            head=schemas.head_message(push.head),
+            head=push.head,
         )
         self.bus.post(topics.INGRESS_INBOX, record, partition=push.to.slot)
 
@@ -88,13 +84,13 @@ class Pushes:
         subscriber = Subscriber(event.slot, event.conn) if event.slot is not None else None
         match event.event:
             case "changed":
-                pushes = d.changed(queue, lsn, _head(event.head))
+                pushes = d.changed(queue, lsn, event.head)
             case "read":
-                pushes = d.read(queue, lsn, _head(event.head))
+                pushes = d.read(queue, lsn, event.head)
             case "deleted":
                 pushes = d.deleted(queue, lsn)
             case "subscribed" if subscriber is not None:
-                pushes = d.subscribed(queue, lsn, _head(event.head), subscriber)
+                pushes = d.subscribed(queue, lsn, event.head, subscriber)
             case "unsubscribed" if subscriber is not None:
                 d.unsubscribed(queue, subscriber)
                 pushes = []

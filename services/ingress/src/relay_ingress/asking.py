@@ -118,13 +118,20 @@ async def every_queue_writer(
     return [answered[p] for p in sorted(answered)]
 
 
-async def command(ctx: Context, partition: int, wait_s: float, **fields: Any) -> schemas.QueueReply:
-    """Send a queue command to `partition` and wait for its reply; the reply's refusal (if
-    any) is raised as the API error it names. 503 when no answer comes within `wait_s`: the
-    command expires unapplied at the queue-writer (its deadline is in the record)."""
+async def command(
+    ctx: Context,
+    partition: int,
+    wait_s: float,
+    record: type[schemas.QueueCommand],
+    **fields: Any,
+) -> schemas.QueueReply:
+    """Send a queue command (`record`, built from `fields`) to `partition` and wait for its
+    reply; the reply's refusal (if any) is raised as the API error it names. 503 when no answer
+    comes within `wait_s`: the command expires unapplied at the queue-writer (its deadline is
+    in the record)."""
     reply = await _one_reply(
         ctx,
-        schemas.QueueCommand(**_routing(ctx, wait_s), **fields),
+        record(**_routing(ctx, wait_s), **fields),
         topics.QUEUE_COMMANDS,
         wait_s=wait_s,
         timeout_detail=f"no answer within {wait_s:g} s; nothing was stored",

@@ -310,11 +310,7 @@ class Connections:
             head = record.head
             if head is None or head.msg_id == subscription.last_acked:
                 return
-            frame = {"type": "MSG", "queue": record.queue, "msg_id": head.msg_id, "ts": head.ts}
-            if head.quota:
-                frame["quota"] = True
-            else:
-                frame["body"] = head.body
+            frame = {"type": "MSG", "queue": record.queue, **head.frame()}
         if subscription.ready or record.frame == "END":
             conn.queue_frame(frame)
         else:

@@ -18,6 +18,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Header, Path, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from relay_bus import schemas
 from relay_ingress import asking
 from relay_ingress.context import Context, Ctx
 from relay_ingress.errors import ApiError, documented
@@ -107,14 +108,18 @@ Signed = Annotated[tuple[str, str], Depends(_signed)]
 
 
 async def _recipient(
-    ctx: Context, op: str, queue: str, signed: tuple[str, str], **fields: Any
+    ctx: Context,
+    record: type[schemas.RecipientCommand],
+    queue: str,
+    signed: tuple[str, str],
+    **fields: Any,
 ) -> dict[str, Any] | None:
     text, signature = signed
     reply = await asking.command(
         ctx,
         ids.partition_of(queue, ctx.config.kafka.partitions),
         ctx.config.request_timeout_s,
-        op=op,
+        record,
         queue=queue,
         signed=text,
         sig=signature,
@@ -139,7 +144,7 @@ async def create_queue(ctx: Ctx, new: NewQueue) -> QueueCreated:
         ctx,
         ids.partition_of(recipient, ctx.config.kafka.partitions),
         ctx.config.request_timeout_s,
-        op="create",
+        schemas.CreateQueue,
         queue=recipient,
         sender=sender,
         recipient_key=new.recipient_key,
@@ -158,7 +163,7 @@ async def send(ctx: Ctx, sender_id: IdPath, message: NewMessage) -> Sent:
         ctx,
         ids.partition_of(sender_id, ctx.config.kafka.partitions),
         ctx.config.request_timeout_s,
-        op="send",
+        schemas.SendMessage,
         sender=sender_id,
         msg_id=ids.new_id(),
         body=message.body,
@@ -169,7 +174,7 @@ async def send(ctx: Ctx, sender_id: IdPath, message: NewMessage) -> Sent:
 
 @router.get("/queues/{recipient_id}", response_model=QueueInfo)
 async def queue_info(ctx: Ctx, recipient_id: IdPath, signed: Signed) -> QueueInfo:
-    return QueueInfo(**(await _recipient(ctx, "info", recipient_id, signed) or {}))
+    return QueueInfo(**(await _recipient(ctx, schemas.ReadInfo, recipient_id, signed) or {}))
 
 
 @router.get(
@@ -180,7 +185,7 @@ async def queue_info(ctx: Ctx, recipient_id: IdPath, signed: Signed) -> QueueInf
 )
 async def head(ctx: Ctx, recipient_id: IdPath, signed: Signed) -> Message | Response:
     """The head message; it stays in flight (not pushed to a subscriber) until ACK."""
-    return _message(await _recipient(ctx, "head", recipient_id, signed))
+    return _message(await _recipient(ctx, schemas.ReadHead, recipient_id, signed))
 
 
 @router.post(
@@ -191,16 +196,18 @@ async def head(ctx: Ctx, recipient_id: IdPath, signed: Signed) -> Message | Resp
 )
 async def ack(ctx: Ctx, recipient_id: IdPath, body: Ack, signed: Signed) -> Message | Response:
     """Acknowledge the head; answers the next message. NO_MSG if msg_id is not the head."""
-    return _message(await _recipient(ctx, "ack", recipient_id, signed, msg_id=body.msg_id))
+    return _message(
+        await _recipient(ctx, schemas.AckMessage, recipient_id, signed, msg_id=body.msg_id)
+    )
 
 
 @router.post("/queues/{recipient_id}/suspend")
 async def suspend(ctx: Ctx, recipient_id: IdPath, signed: Signed) -> dict[str, Any]:
-    await _recipient(ctx, "suspend", recipient_id, signed)
+    await _recipient(ctx, schemas.SuspendQueue, recipient_id, signed)
     return {}
 
 
 @router.delete("/queues/{recipient_id}", status_code=204)
 async def delete(ctx: Ctx, recipient_id: IdPath, signed: Signed) -> Response:
-    await _recipient(ctx, "delete", recipient_id, signed)
+    await _recipient(ctx, schemas.DeleteQueue, recipient_id, signed)
     return Response(status_code=204)

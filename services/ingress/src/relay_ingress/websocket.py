@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from redis.exceptions import RedisError
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from relay_bus import schemas
 from relay_bus.bus import BusUnavailableError
 from relay_ingress import asking, retained
 from relay_ingress.checks import parse_filter
@@ -224,7 +225,7 @@ class Session:
                 self.ctx,
                 partition,
                 wait_s,
-                op="sub",
+                schemas.SubscribeQueue,
                 queue=command.queue,
                 signed=auth.sub_text(command.queue, ts),
                 sig=command.sig,
@@ -236,7 +237,7 @@ class Session:
                 self.ctx,
                 partition,
                 wait_s,
-                op="ack",
+                schemas.AckMessage,
                 queue=command.queue,
                 msg_id=command.msg_id,
                 signed=auth.ack_text(command.queue, command.msg_id, ts),

@@ -84,7 +84,7 @@ class Commands:
             event=event.kind,
             queue=event.queue,
             lsn=event.lsn,
-            head=schemas.head_message(event.head),
+            head=event.head,
             slot=event.subscriber.slot if event.subscriber else None,
             conn=event.subscriber.conn if event.subscriber else "",
         )
@@ -92,29 +92,29 @@ class Commands:
 
     def _apply(self, command: schemas.QueueCommand, now: int) -> Outcome:
         rules = self.rules
-        queue = ids.QueueId(command.queue)
-        if command.op == "create":
-            return rules.create(queue, ids.SenderId(command.sender), command.recipient_key, now)
-        if command.op == "send":
+        if isinstance(command, schemas.CreateQueue):
+            queue, sender = ids.QueueId(command.queue), ids.SenderId(command.sender)
+            return rules.create(queue, sender, command.recipient_key, now)
+        if isinstance(command, schemas.SendMessage):
             sender, body = ids.SenderId(command.sender), ids.unb64u(command.body)
             return rules.send(sender, command.msg_id, body, command.ttl_s, now)
+        queue = ids.QueueId(command.queue)
         signed = Signed(command.signed, ids.unb64u(command.sig))
-        match command.op:
-            case "info":
+        match command:
+            case schemas.ReadInfo():
                 outcome = rules.info(queue, signed)
-            case "head":
+            case schemas.ReadHead():
                 outcome = rules.head(queue, signed, now)
-            case "ack":
+            case schemas.AckMessage():
                 outcome = rules.ack(queue, command.msg_id, signed, now)
-            case "suspend":
+            case schemas.SuspendQueue():
                 outcome = rules.suspend(queue, signed, now)
-            case "delete":
+            case schemas.DeleteQueue():
                 outcome = rules.delete(queue, signed)
-            case "sub":
-                if command.slot is None:
-                    raise ValueError("sub needs a slot")
-                subscriber = Subscriber(command.slot, command.conn)
-                outcome = rules.subscribe(queue, signed, subscriber, now)
+            case schemas.SubscribeQueue():
+                outcome = rules.subscribe(
+                    queue, signed, Subscriber(command.slot, command.conn), now
+                )
         return outcome
 
     def _mark_key(self, partition: int) -> str:
