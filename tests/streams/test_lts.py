@@ -8,8 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from relay_streams import lts, topics
+from relay_streams import lts
 from relay_streams.lts import PLUS, Trie
+from relay_topics import rules
 
 
 def paths(trie: Trie) -> set[str]:
@@ -120,7 +121,7 @@ def test_match_finds_every_matching_topic_and_covered_streams_hold_only_matches(
     assert all(trie.lookup(topic) == static for topic, static in leaf_of.items())
     found = {leaf.static: leaf for leaf in trie.match(topic_filter)}
     for topic, static in leaf_of.items():
-        if topics.matches(topic_filter, topic):
+        if rules.matches(topic_filter, topic):
             assert static in found
         elif static in found:
             assert not found[static].covered_by(topic_filter)

@@ -20,11 +20,11 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
-from relay_streams import topics
 from relay_streams.model import Message
 from relay_streams.settings import DbSettings
 from relay_streams.shard import shard_of
 from relay_streams.store import StreamStore
+from relay_topics import rules
 
 LEVELS = ["a", "b", "", "$s", "c"]
 SHARDS = 2
@@ -116,10 +116,10 @@ class StreamsMachine(RuleBasedStateMachine):
 
     @rule(topic_filter=filter_st, parity=st.sampled_from([None, 0, 1]))
     def delete(self, topic_filter: str, parity: int | None) -> None:
-        flt = topics.parse_filter(topic_filter)
+        flt = rules.parse_filter(topic_filter)
 
         def doomed(topic: str, payload: bytes) -> bool:
-            if not topics.matches(flt, topics.parse_topic(topic)):
+            if not rules.matches(flt, rules.parse_topic(topic)):
                 return False
             return parity is None or int(payload) % 2 == parity
 
@@ -176,12 +176,12 @@ class StreamsMachine(RuleBasedStateMachine):
                     break  # the open generation never ends
             assert ended or r.stream.generation == self.current
 
-        flt = topics.parse_filter(topic_filter)
+        flt = rules.parse_filter(topic_filter)
         expected = {
             m.payload: (number, m)
             for number, messages in self.model.items()
             for m in messages
-            if m.ts >= start and topics.matches(flt, topics.parse_topic(m.topic))
+            if m.ts >= start and rules.matches(flt, rules.parse_topic(m.topic))
         }
         seen = [m.payload for messages in got.values() for m in messages]
         assert sorted(seen) == sorted(expected), (topic_filter, start)

@@ -13,7 +13,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from relay_streams import topics
 from relay_streams.errors import BadInput, Closed
 from relay_streams.retained import (
     Retained,
@@ -21,9 +20,9 @@ from relay_streams.retained import (
     RetainedSettings,
     RetainedStore,
     Write,
-    merge_pages,
-    order_key,
 )
+from relay_topics import rules
+from relay_topics.pages import order_key
 from tests.helpers import kill_when_acked
 
 NOW = 1_700_000_000_000
@@ -38,7 +37,7 @@ def store(tmp_path: Path) -> Iterator[RetainedStore]:
 
 def naive(stored: dict[str, bytes], topic_filter: str) -> list[str]:
     """Every stored topic the filter matches, in the store's topic order (level by level)."""
-    found = [t for t in stored if topics.topic_matches(topic_filter, t)]
+    found = [t for t in stored if rules.topic_matches(topic_filter, t)]
     return sorted(found, key=lambda t: [level.encode() for level in t.split("/")])
 
 
@@ -235,19 +234,19 @@ def test_max_retained_refuses_new_topics_but_updates_old(tmp_path: Path) -> None
 @pytest.mark.parametrize(
     ("call", "error"),
     [
-        (lambda s: s.store("a/+", b"x"), topics.TopicError),
-        (lambda s: s.store("", b"x"), topics.TopicError),
-        (lambda s: s.store("a\x00b", b"x"), topics.TopicError),
+        (lambda s: s.store("a/+", b"x"), rules.TopicError),
+        (lambda s: s.store("", b"x"), rules.TopicError),
+        (lambda s: s.store("a\x00b", b"x"), rules.TopicError),
         (lambda s: s.store("a", "text"), BadInput),
         (lambda s: s.store("a", b"x" * ((1 << 20) + 1)), BadInput),
         (lambda s: s.store("a", b"x", qos=3), BadInput),
         (lambda s: s.store("a", b"x", expiry_interval_s=0), BadInput),
         (lambda s: s.store("a", b"x", expiry_interval_s=1 << 32), BadInput),
-        (lambda s: s.delete("a/#"), topics.TopicError),
-        (lambda s: s.match("a/#/b"), topics.TopicError),
-        (lambda s: s.match("#", after="a/+"), topics.TopicError),
+        (lambda s: s.delete("a/#"), rules.TopicError),
+        (lambda s: s.match("a/#/b"), rules.TopicError),
+        (lambda s: s.match("#", after="a/+"), rules.TopicError),
         (lambda s: s.page("#", limit=0), BadInput),
-        (lambda s: s.read("+"), topics.TopicError),
+        (lambda s: s.read("+"), rules.TopicError),
     ],
 )
 def test_bad_input_changes_nothing(store: RetainedStore, call: object, error: type) -> None:
@@ -321,41 +320,12 @@ def test_a_write_may_carry_its_own_ts(store: RetainedStore) -> None:
 @given(st.lists(TOPIC, min_size=1, max_size=30, unique=True))
 @settings(max_examples=40, deadline=None)
 def test_order_key_is_the_stores_order(stored: list[str]) -> None:
-    """Answers of several stores merged by `order_key` come in the order one store gives."""
+    """The store's scan order is `relay_topics.pages.order_key` (its keys are built on it), so
+    answers of several stores merged by it come in the order one store gives."""
     with tempfile.TemporaryDirectory() as tmp, RetainedStore(Path(tmp) / "r") as one:
         one.store_many([Write(t, b"x") for t in stored])
         plain = sorted((t for t in stored if not t.startswith("$")), key=order_key)
         assert topics_of(one.match("#")) == plain
-
-
-@given(
-    st.lists(TOPIC, min_size=0, max_size=40, unique=True),
-    st.integers(1, 4),
-    st.integers(1, 7),
-    st.integers(1, 9),
-)
-@settings(max_examples=80, deadline=None)
-def test_merged_pages_visit_every_topic_once_in_order(
-    stored: list[str], stores: int, limit: int, answer: int
-) -> None:
-    """Topics spread over several stores, each answering at most `answer` items per ask, paged
-    by `merge_pages` with keyset cursors, come once each, in one store's order."""
-    spread = [sorted(stored[i::stores], key=order_key) for i in range(stores)]
-    seen: list[str] = []
-    cursor: bytes | None = None
-    for _ in range(len(stored) + 2):
-        pages = []
-        for topics_here in spread:
-            after = [t for t in topics_here if cursor is None or order_key(t) > cursor]
-            pages.append((after[:answer], len(after) > answer))
-        page, more = merge_pages(pages, limit, lambda t: t)
-        assert len(page) <= limit
-        seen += page
-        if not more:
-            break
-        assert page, "more follow, but the page is empty"
-        cursor = order_key(page[-1])
-    assert seen == sorted(stored, key=order_key)
 
 
 def test_store_many_is_all_or_nothing(tmp_path: Path) -> None:
@@ -363,7 +333,7 @@ def test_store_many_is_all_or_nothing(tmp_path: Path) -> None:
         s.store("a", b"1")
         with pytest.raises(RetainedFull):
             s.store_many([Write("a", b"2"), Write("b", b"1"), Write("c", b"1"), Write("d", b"1")])
-        with pytest.raises(topics.TopicError):
+        with pytest.raises(rules.TopicError):
             s.store_many([Write("b", b"1"), Write("#", b"1")])
         assert [(m.topic, m.payload) for m in s.match("#")] == [("a", b"1")]
         assert s.size() == 1

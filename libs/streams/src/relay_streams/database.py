@@ -27,7 +27,7 @@ from pathlib import Path
 
 from rocksdict import WriteBatch
 
-from relay_streams import catalog, sites, topics
+from relay_streams import catalog, sites
 from relay_streams.egress import Egress
 from relay_streams.errors import BadInput, BadToken, Closed, CorruptRecord, NotFound
 from relay_streams.layouts import layout_module
@@ -44,7 +44,8 @@ from relay_streams.model import (
 )
 from relay_streams.settings import DbSettings
 from relay_streams.shard import Shard, shard_of
-from relay_streams.topics import Levels
+from relay_topics import rules
+from relay_topics.rules import Levels
 
 MAX_BATCH_READ = 100_000  # messages one `next` may return
 _DELETE_CHUNK = 1_000  # messages per delete write batch
@@ -75,8 +76,8 @@ def _check_ts(value: object, what: str) -> int:
 
 def _parse_filter(topic_filter: object) -> Levels:
     try:
-        return topics.parse_filter(topic_filter)
-    except topics.TopicError as e:
+        return rules.parse_filter(topic_filter)
+    except rules.TopicError as e:
         raise BadInput(str(e)) from None
 
 
@@ -175,8 +176,8 @@ class Database:
             else:
                 raise BadInput(f"message {i}: not a Message or a (topic, payload) pair")
             try:
-                levels = topics.parse_topic(topic)
-            except topics.TopicError as e:
+                levels = rules.parse_topic(topic)
+            except rules.TopicError as e:
                 raise BadInput(f"message {i}: {e}") from None
             if not isinstance(payload, bytes):
                 raise BadInput(f"message {i}: payload must be bytes")
@@ -332,8 +333,8 @@ class Database:
         if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_BATCH_READ:
             raise BadInput(f"n must be in 1..{MAX_BATCH_READ}, got {n!r}")
         try:
-            flt = topics.parse_filter(iterator.topic_filter)
-        except topics.TopicError as e:
+            flt = rules.parse_filter(iterator.topic_filter)
+        except rules.TopicError as e:
             raise BadToken(f"iterator filter: {e}") from None
         with self._lock:
             spec = self.record.generation(stream.generation)

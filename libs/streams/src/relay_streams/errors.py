@@ -1,8 +1,9 @@
 """Exceptions of the stream store.
 
-`BadInput` (and `topics.TopicError`) means the caller's input was refused and nothing changed;
-the service maps it to 400 (`NotFound` to 404). `CorruptRecord` and `UnknownLayout` mean data on
-disk cannot be read by this code; `WriteFailed` means a write did not become durable.
+`BadInput` (and `relay_topics.rules.TopicError`) means the caller's input was refused and
+nothing changed; the service maps it to 400 (`NotFound` to 404). `CorruptRecord` and
+`UnknownLayout` mean data on disk cannot be read by this code; `WriteFailed` means a write did
+not become durable.
 """
 
 from __future__ import annotations

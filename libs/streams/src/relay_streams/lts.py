@@ -23,7 +23,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import NewType
 
-from relay_streams.topics import Levels
+from relay_topics.rules import Levels
 
 NodeId = NewType("NodeId", int)
 """A trie node; a leaf's id is a stream's static index."""

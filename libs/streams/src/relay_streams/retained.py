@@ -24,21 +24,20 @@ Invariants:
 
 from __future__ import annotations
 
-import heapq
 import json
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from rocksdict import Options, Rdict, ReadOptions, WriteBatch, WriteOptions
 
-from relay_streams import topics
 from relay_streams.errors import BadInput, Closed, CorruptRecord, StreamsError, WriteFailed
-from relay_streams.topics import Levels
+from relay_topics import pages, rules
+from relay_topics.rules import Levels
 
 META = b"\x00meta"
 COUNT = b"\x00count"
@@ -46,11 +45,9 @@ MESSAGES = b"\x01"
 EXPIRY = b"\x02"
 LAYOUT = "retained/1"
 VALUE_FORMAT = 1
-SEP = b"\x00"
+SEP = pages.SEP  # between levels in keys (topics hold no NUL)
 _U64 = struct.Struct(">Q")
 _HEAD = struct.Struct(">BQQB")  # format, ts, expires_at, qos
-
-T = TypeVar("T")
 
 _SYNC = WriteOptions()
 _SYNC.sync = True
@@ -105,35 +102,9 @@ def now_ms() -> int:
 
 
 def topic_key(levels: Levels) -> bytes:
-    return MESSAGES + SEP.join(level.encode() for level in levels)
-
-
-def order_key(topic: str) -> bytes:
-    """What orders topics in this store (`match`, `page`, cursors): merging the answers of
-    several stores by this key gives the order one store would have. `TopicError` if invalid."""
-    return topic_key(topics.parse_topic(topic))
-
-
-def merge_pages(
-    pages: Sequence[tuple[Sequence[T], bool]], limit: int, topic_of: Callable[[T], str]
-) -> tuple[list[T], bool]:
-    """One page of at most `limit` items from the pages of several stores, in the order one
-    store holding them all would give, and whether more follow. Each page is in `order_key`
-    order and says whether its store has more after its last item; an item is taken only if
-    no store that stopped early could still hold an earlier one, so paging on from the last
-    item taken (keyset) visits every item once. Cost: O(total items * log stores)."""
-    keyed = [[(order_key(topic_of(item)), item) for item in items] for items, _more in pages]
-    bound = min(
-        (page[-1][0] for page, (_items, more) in zip(keyed, pages, strict=True) if more and page),
-        default=None,
-    )
-    more = any(more for _items, more in pages)
-    taken: list[T] = []
-    for key, item in heapq.merge(*keyed, key=lambda pair: pair[0]):
-        if len(taken) == limit or (bound is not None and key > bound):
-            return taken, True
-        taken.append(item)
-    return taken, more
+    """A message's key: its levels in the order of retained pages (`pages.levels_key`), so
+    scans come in that order and several stores' answers merge by `pages.order_key`."""
+    return MESSAGES + pages.levels_key(levels)
 
 
 def _decode_value(topic: str, raw: bytes) -> Retained:
@@ -333,7 +304,7 @@ class RetainedStore:
 
     def _checked(self, write: Write) -> tuple[bytes, Levels, Write]:
         """The write's key and levels, with its payload as bytes; `TopicError`/`BadInput`."""
-        levels = topics.parse_topic(write.topic)
+        levels = rules.parse_topic(write.topic)
         payload = write.payload
         if not isinstance(payload, bytes | bytearray | memoryview):
             raise BadInput(f"payload must be bytes, not {type(payload).__name__}")
@@ -362,7 +333,7 @@ class RetainedStore:
         """Forget the topic's retained message; whether there was one. Durable when it returns.
         Cost: one point read and, if retained, one synced batch of 3 keys."""
         self._check_open()
-        return self._delete(topics.parse_topic(topic))
+        return self._delete(rules.parse_topic(topic))
 
     def _delete(self, levels: Levels) -> bool:
         key = topic_key(levels)
@@ -441,7 +412,7 @@ class RetainedStore:
     def read(self, topic: str, now: int | None = None) -> Retained | None:
         """The topic's retained message, None if none or expired. Cost: one point read."""
         self._check_open()
-        levels = topics.parse_topic(topic)
+        levels = rules.parse_topic(topic)
         raw = self.db.get(topic_key(levels))
         if raw is None:
             return None
@@ -464,10 +435,10 @@ class RetainedStore:
         snapshot), so writes made while it runs are not seen; resume with `after` to see them.
         """
         self._check_open()
-        levels = topics.parse_filter(topic_filter)
+        levels = rules.parse_filter(topic_filter)
         start = None
         if after is not None:
-            start = topic_key(topics.parse_topic(after))
+            start = topic_key(rules.parse_topic(after))
         return self._scan(levels, start, now_ms() if now is None else now)
 
     def page(

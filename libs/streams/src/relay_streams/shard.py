@@ -32,7 +32,7 @@ from relay_streams import catalog
 from relay_streams.errors import CorruptRecord, WriteFailed
 from relay_streams.layouts import base, layout_module
 from relay_streams.model import GenerationId, Message, ShardId
-from relay_streams.topics import Levels
+from relay_topics.rules import Levels
 
 log = structlog.get_logger(__name__)
 

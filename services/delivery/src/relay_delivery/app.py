@@ -3,7 +3,7 @@
 connection.
 
 Wiring only: settings, Redis, the bus and its consumers, probe routes. Domain logic lives in
-`relay_queues.delivery` and `relay_routes.filters`.
+`relay_queues.delivery` and `relay_topics.index`.
 """
 
 from __future__ import annotations

@@ -25,17 +25,13 @@ from redis.exceptions import RedisError
 from relay_bus import schemas, topics
 from relay_bus.bus import Bus
 from relay_bus.consumers import Received
-from relay_routes.filters import FilterIndex
 from relay_routes.topic_subscriptions import TopicSubscriptions
+from relay_topics import rules as topic_rules
+from relay_topics.index import FilterIndex
 
 log = structlog.get_logger(__name__)
 
 REDIS_RETRY_S = 1.0
-
-
-def levels(text: str) -> tuple[str, ...]:
-    """A topic's or filter's levels (the ingress validated it)."""
-    return tuple(text.split("/"))
 
 
 class LivePublications:
@@ -60,7 +56,7 @@ class LivePublications:
         for partition in partitions:
             self.index.drop_partition(partition)
             for slot, conn, topic_filter in listed:
-                self.index.add(partition, levels(topic_filter), (slot, conn))
+                self.index.add(partition, topic_rules.levels(topic_filter), (slot, conn))
         log.info("publications_taken_over", partitions=partitions, subscriptions=len(listed))
         return offsets
 
@@ -72,13 +68,15 @@ class LivePublications:
         if change.op == "drop_slot":
             self.index.drop_slot(partition, change.slot)
         elif change.op == "add":
-            self.index.add(partition, levels(change.filter), (change.slot, change.conn))
+            self.index.add(partition, topic_rules.levels(change.filter), (change.slot, change.conn))
         else:
-            self.index.remove(partition, levels(change.filter), (change.slot, change.conn))
+            self.index.remove(
+                partition, topic_rules.levels(change.filter), (change.slot, change.conn)
+            )
 
     def publish(self, publication: schemas.Publication, partition: int) -> None:
         by_slot: dict[int, list[str]] = defaultdict(list)
-        for slot, conn in self.index.match(partition, levels(publication.topic)):
+        for slot, conn in self.index.match(partition, topic_rules.levels(publication.topic)):
             by_slot[slot].append(conn)
         for slot, conns in sorted(by_slot.items()):
             fanout = schemas.Fanout(

@@ -4,7 +4,7 @@ either returns what it checked or raises the API's 400, before anything reaches 
 from __future__ import annotations
 
 from relay_ingress.errors import ApiError
-from relay_streams import topics
+from relay_topics import rules as topic_rules
 
 B64U_PATTERN = r"^(?:[A-Za-z0-9_-]{4})*(?:[A-Za-z0-9_-]{2,3})?$"
 """Base64url without padding (for API schemas)."""
@@ -14,15 +14,15 @@ def bad(detail: str) -> ApiError:
     return ApiError(400, "BAD_REQUEST", detail)
 
 
-def parse_topic(text: str, where: str = "topic") -> topics.Levels:
+def parse_topic(text: str, where: str = "topic") -> topic_rules.Levels:
     try:
-        return topics.parse_topic(text)
-    except topics.TopicError as error:
+        return topic_rules.parse_topic(text)
+    except topic_rules.TopicError as error:
         raise bad(f"{where}: {error}") from None
 
 
-def parse_filter(text: str) -> topics.Levels:
+def parse_filter(text: str) -> topic_rules.Levels:
     try:
-        return topics.parse_filter(text)
-    except topics.TopicError as error:
+        return topic_rules.parse_filter(text)
+    except topic_rules.TopicError as error:
         raise bad(f"filter: {error}") from None

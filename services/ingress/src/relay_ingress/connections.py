@@ -34,7 +34,7 @@ from relay_bus.bus import Bus
 from relay_queues import ids
 from relay_routes.subscriptions import Subscriptions
 from relay_routes.topic_subscriptions import TopicSubscriptions
-from relay_streams import topics as topic_rules
+from relay_topics import rules as topic_rules
 
 log = structlog.get_logger(__name__)
 
@@ -285,7 +285,7 @@ class Connections:
             "ts": record.ts,
             "retained": False,
         }
-        levels = tuple(record.topic.split("/"))
+        levels = topic_rules.levels(record.topic)
         for conn_id in record.conns:
             conn = self._open.get(conn_id)
             if conn is None:

@@ -29,9 +29,10 @@ from relay_ingress.checks import B64U_PATTERN, bad, parse_filter, parse_topic
 from relay_ingress.context import Context, Ctx
 from relay_ingress.errors import ApiError, documented
 from relay_queues import ids
-from relay_streams import catalog, topics
+from relay_streams import catalog
 from relay_streams.errors import BadToken
 from relay_streams.model import Stream, StreamIterator
+from relay_topics import rules as topic_rules
 
 router = APIRouter(
     prefix="/v1/ds", tags=["durable streams"], responses=documented(400, 404, 413, 503)
@@ -51,7 +52,7 @@ class _Body(BaseModel):
 
 
 class NewMessage(_Body):
-    topic: str = Field(pattern=topics.TOPIC_PATTERN, description="topic name (no wildcards)")
+    topic: str = Field(pattern=topic_rules.TOPIC_PATTERN, description="topic name (no wildcards)")
     payload: str = Field(pattern=B64U_PATTERN, description="b64u payload")
     ts: Ts | None = None
     """Unix ms; omitted: the store's clock (never decreasing per database)."""
@@ -71,7 +72,7 @@ class RankedStream(BaseModel):
 
 class NewIterator(_Body):
     stream: str = Field(pattern=routing.ADDRESS_PATTERN, description="a stream string")
-    filter: str = Field(min_length=1, pattern=topics.FILTER_PATTERN)
+    filter: str = Field(min_length=1, pattern=topic_rules.FILTER_PATTERN)
     start: Ts = 0
 
 
@@ -163,7 +164,7 @@ async def streams(
     ctx: Ctx,
     db: DbPath,
     filter: Annotated[
-        str, Query(min_length=1, pattern=topics.FILTER_PATTERN, description="topic filter")
+        str, Query(min_length=1, pattern=topic_rules.FILTER_PATTERN, description="topic filter")
     ],
     start: Annotated[int, Query(ge=0, le=MAX_TS_JSON, description="Unix ms")] = 0,
 ) -> list[RankedStream]:

@@ -4,8 +4,8 @@ endpoints; `publish` and `retained_pages` are shared with the WebSocket's PUBLIS
 Routing: a topic lives with the retainer owning `partition_of_topic(topic)`; a publish goes
 to that partition, where the retainer keeps it (when retained) and delivery routes it to live
 subscribers. Reads of one topic go to its partition; filter reads, pages and sizes ask every
-partition and merge the answers in the retained store's topic order (`merge_pages`), so a
-cursor (the last topic returned) makes the next page cost what the first one cost.
+partition and merge the answers in the retained store's topic order (`relay_topics.pages`), so
+a cursor (the last topic returned) makes the next page cost what the first one cost.
 
 Invariants:
 - nothing reaches Kafka before a request is well-formed (topic, filter, payload base64 and
@@ -35,8 +35,8 @@ from relay_ingress.context import Context, Ctx
 from relay_ingress.errors import ApiError, documented
 from relay_queues import ids
 from relay_routes import guards
-from relay_streams import topics
-from relay_streams.retained import merge_pages, order_key
+from relay_topics import pages
+from relay_topics import rules as topic_rules
 
 router = APIRouter(tags=["topics"], responses=documented(400, 503))
 admin_router = APIRouter(prefix="/admin", tags=["admin"], responses=documented(400, 403, 503))
@@ -49,7 +49,7 @@ ADMIN_SKIP_CHUNK = 1000
 
 class NewPublication(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    topic: str = Field(pattern=topics.TOPIC_PATTERN, description="topic name (no wildcards)")
+    topic: str = Field(pattern=topic_rules.TOPIC_PATTERN, description="topic name (no wildcards)")
     payload: str = Field(pattern=B64U_PATTERN, description="b64u payload (empty: delete)")
     retain: bool = False
     expiry_s: int | None = Field(None, ge=1, le=MAX_EXPIRY_S)
@@ -100,8 +100,8 @@ def encode_cursor(topic: str) -> str:
 def decode_cursor(text: str) -> str:
     try:
         topic = ids.unb64u(text).decode()
-        topics.parse_topic(topic)
-    except (ValueError, topics.TopicError):
+        topic_rules.parse_topic(topic)
+    except (ValueError, topic_rules.TopicError):
         raise bad("cursor: not a cursor this API returned") from None
     return topic
 
@@ -159,8 +159,8 @@ async def _page(
     """Up to `limit` retained messages matching the filter after topic `after`, merged from
     every retainer in topic order, and whether more follow."""
     levels = parse_filter(topic_filter)
-    if not topics.is_wildcard(levels):  # one topic: ask its owner only
-        if after is not None and not _before(after, topic_filter):
+    if not topic_rules.is_wildcard(levels):  # one topic: ask its owner only
+        if after is not None and not pages.sorts_before(after, topic_filter):
             return [], False
         found = await read_one(ctx, topic_filter)
         return ([] if found is None else [found]), False
@@ -173,17 +173,16 @@ async def _page(
         limit=limit,
         keys_only=keys_only,
     )
-    pages = [
+    answers = [
         (reply.data["messages"], bool(reply.data["more"]))
         for reply in replies
         if reply.data is not None
     ]
-    return merge_pages(pages, limit, lambda message: str(message["topic"]))
+    return pages.merge_pages(answers, limit, _topic_of)
 
 
-def _before(after: str, topic: str) -> bool:
-    """Whether `after` sorts before `topic` in the retained store's order."""
-    return order_key(after) < order_key(topic)
+def _topic_of(message: dict[str, Any]) -> str:
+    return str(message["topic"])
 
 
 async def read_one(ctx: Context, topic: str) -> dict[str, Any] | None:
@@ -204,14 +203,12 @@ async def retained_pages(
 ) -> AsyncIterator[list[dict[str, Any]]]:
     """Every retained message matching the filter, page by page, in topic order (the
     WebSocket's SUBSCRIBE): one page in memory at a time."""
-    after: str | None = None
-    while True:
-        page, more = await _page(ctx, topic_filter, after, limit)
-        if page:
-            yield page
-        if not more or not page:
-            return
-        after = page[-1]["topic"]
+
+    async def fetch(after: str | None, limit: int) -> tuple[list[dict[str, Any]], bool]:
+        return await _page(ctx, topic_filter, after, limit)
+
+    async for page in pages.walk(fetch, limit, _topic_of):
+        yield page
 
 
 async def size(ctx: Context) -> int:
@@ -235,7 +232,7 @@ async def publish_rest(ctx: Ctx, request: Request, body: NewPublication) -> Publ
 
 
 Filter = Annotated[
-    str, Query(min_length=1, pattern=topics.FILTER_PATTERN, description="topic filter")
+    str, Query(min_length=1, pattern=topic_rules.FILTER_PATTERN, description="topic filter")
 ]
 Cursor = Annotated[str | None, Query(pattern=B64U_PATTERN, min_length=1, max_length=100_000)]
 
@@ -257,7 +254,7 @@ async def retained(
 @router.get("/v1/retained/message", response_model=RetainedMessage, responses=documented(404))
 async def retained_message(
     ctx: Ctx,
-    topic: Annotated[str, Query(min_length=1, pattern=topics.TOPIC_PATTERN)],
+    topic: Annotated[str, Query(min_length=1, pattern=topic_rules.TOPIC_PATTERN)],
 ) -> RetainedMessage:
     parse_topic(topic)
     found = await read_one(ctx, topic)
@@ -298,16 +295,11 @@ async def admin_retained(
 
 async def _skip(ctx: Context, count: int) -> str | None:
     """The topic `count` topics into `#` (None when there are fewer)."""
-    after: str | None = None
-    while count > 0:
-        chunk, more = await _page(ctx, "#", after, min(count, ADMIN_SKIP_CHUNK), keys_only=True)
-        if not chunk:
-            return None
-        count -= len(chunk)
-        after = chunk[-1]["topic"]
-        if count > 0 and not more:
-            return None
-    return after
+
+    async def fetch(after: str | None, limit: int) -> tuple[list[dict[str, Any]], bool]:
+        return await _page(ctx, "#", after, limit, keys_only=True)
+
+    return await pages.skip(fetch, count, ADMIN_SKIP_CHUNK, _topic_of)
 
 
 @admin_router.get("/retained/size", response_model=RetainedSize)
@@ -319,7 +311,7 @@ async def admin_retained_size(ctx: Ctx, _: Admin) -> RetainedSize:
 async def admin_retained_delete(
     ctx: Ctx,
     _: Admin,
-    topic: Annotated[str, Query(min_length=1, pattern=topics.TOPIC_PATTERN)],
+    topic: Annotated[str, Query(min_length=1, pattern=topic_rules.TOPIC_PATTERN)],
 ) -> Response:
     """Delete a topic's retained message (204 whether or not one was retained), durable when
     answered; ordered with the topic's publications."""

@@ -20,9 +20,9 @@ import structlog
 from relay_bus import schemas, topics
 from relay_bus.bus import Bus, BusUnavailableError
 from relay_retainer.rounds import Expired
-from relay_streams import topics as topic_rules
 from relay_streams.errors import BadInput, Closed, NotFound, WriteFailed
 from relay_streams.retained import RetainedFull
+from relay_topics import rules as topic_rules
 
 log = structlog.get_logger(__name__)
 

@@ -28,9 +28,9 @@ from relay_bus.consumers import Received
 from relay_retainer import answers, ds_admin
 from relay_retainer.answers import Outcome, b64u, unb64u
 from relay_retainer.streams import StreamHost
-from relay_streams import topics as topic_rules
 from relay_streams.errors import BadInput
 from relay_streams.model import MAX_TS, Message
+from relay_topics import rules as topic_rules
 
 log = structlog.get_logger(__name__)
 

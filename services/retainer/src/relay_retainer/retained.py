@@ -39,9 +39,9 @@ from relay_retainer.answers import Outcome, b64u, unb64u
 from relay_retainer.rounds import Rounds
 from relay_runtime import exits
 from relay_runtime.readiness import Readiness
-from relay_streams import topics as topic_rules
 from relay_streams.errors import BadInput, Closed, StreamsError
 from relay_streams.retained import Retained, RetainedFull, RetainedSettings, RetainedStore, Write
+from relay_topics import rules as topic_rules
 
 log = structlog.get_logger(__name__)
 

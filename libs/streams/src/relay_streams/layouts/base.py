@@ -15,10 +15,11 @@ from typing import Any, NamedTuple, Protocol
 
 from rocksdict import ColumnFamily, Rdict, ReadOptions, WriteBatch
 
-from relay_streams import lts, topics
+from relay_streams import lts
 from relay_streams.errors import CorruptRecord
 from relay_streams.model import Message, Position, StaticIndex
-from relay_streams.topics import Levels
+from relay_topics import rules
+from relay_topics.rules import Levels
 
 VALUE_FORMAT = 1
 MESSAGES = b"\x02"
@@ -98,7 +99,7 @@ def read_range(
     topic does not match `topic_filter` are skipped (None: all match)."""
     found: list[tuple[Position, Message]] = []
     key_length = len(lower)
-    matches = topics.matches
+    matches, levels = rules.matches, rules.levels
     last = None
     for key, value in scan(cf, lower, upper):
         last = key
@@ -107,7 +108,7 @@ def read_range(
         end = _topic_end(value, where, key)
         topic = _topic(value, end, where, key)
         # Topics were validated when written (and by `check`): splitting is enough here.
-        if topic_filter is not None and not matches(topic_filter, tuple(topic.split("/"))):
+        if topic_filter is not None and not matches(topic_filter, levels(topic)):
             continue
         ts = int.from_bytes(key[-16:-8], "big")
         found.append(

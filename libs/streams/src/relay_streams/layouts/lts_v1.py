@@ -23,11 +23,12 @@ from typing import Any
 
 from rocksdict import ColumnFamily, Rdict, WriteBatch
 
-from relay_streams import lts, topics
+from relay_streams import lts
 from relay_streams.errors import BadInput, BadToken, CorruptRecord
 from relay_streams.layouts import base
 from relay_streams.model import Message, Position, StaticIndex
-from relay_streams.topics import Levels
+from relay_topics import rules
+from relay_topics.rules import Levels
 
 LAYOUT_ID = "lts/1"
 EDGES = b"\x01"
@@ -172,7 +173,7 @@ class Lts:
             census.saw(position)
             try:
                 message = base.decode_value(value, position.ts, self.where, key)
-                levels = topics.parse_topic(message.topic)
+                levels = rules.parse_topic(message.topic)
             except Exception as e:  # a check reports every kind of damage
                 census.problems.append(str(e) if isinstance(e, CorruptRecord) else f"{where}: {e}")
                 continue

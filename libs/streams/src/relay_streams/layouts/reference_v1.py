@@ -15,11 +15,12 @@ from typing import Any
 
 from rocksdict import ColumnFamily, Rdict, WriteBatch
 
-from relay_streams import lts, topics
+from relay_streams import lts
 from relay_streams.errors import BadInput, CorruptRecord
 from relay_streams.layouts import base
 from relay_streams.model import Message, Position, StaticIndex
-from relay_streams.topics import Levels
+from relay_topics import rules
+from relay_topics.rules import Levels
 
 LAYOUT_ID = "reference/1"
 _STREAM = StaticIndex(0)
@@ -88,7 +89,7 @@ class Reference:
             census.saw(position)
             try:
                 message = base.decode_value(value, position.ts, self.where, key)
-                topics.parse_topic(message.topic)
+                rules.parse_topic(message.topic)
             except Exception as e:  # a check reports every kind of damage
                 census.problems.append(str(e) if isinstance(e, CorruptRecord) else f"{where}: {e}")
                 continue

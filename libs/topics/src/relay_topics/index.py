@@ -1,15 +1,15 @@
 """Which WebSocket subscribers' MQTT topic filters match a live publication, per Kafka partition.
 
 Delivery adds a (filter, subscriber) on the partition its subscription came in on, and routes each
-publication read from partition p to `match(p, topic levels)`. Filters and topics arrive already
-parsed into levels (`relay_streams.topics.parse_filter` / `parse_topic`); this module does not
-import that lib, so it stays free of the stream store, of Redis and of every framework.
+publication read from partition p to `match(p, topic levels)`. Filters and topics arrive as levels
+(`relay_topics.rules`: parsed by the ingress, split again by `rules.levels`).
 
-Matching rules (the same as `relay_streams.topics.matches`, which the tests compare against):
+Matching rules are `relay_topics.rules` (the tests compare `match` against `rules.matches`); the
+trie applies them level by level instead of filter by filter:
 - `+` matches exactly one level, an empty one too; `#`, only as the last level, matches the rest of
   the topic including no level at all (`a/#` matches `a`, `a/b`, `a/b/c`);
 - a filter whose first level is `+` or `#` does not match a topic whose first level starts with
-  `$`; empty levels are real levels (`a//b` has three, `/a` two).
+  `$` (`rules.hidden_from_wildcards`); empty levels are real levels (`a//b` has three, `/a` two).
 
 Layout: one trie of filter levels shared by all partitions. A node has a child per literal level,
 plus at most one `+` child and one `#` child (kept apart from the literals, so a topic level can
@@ -30,12 +30,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-Levels = tuple[str, ...]
+from relay_topics import rules
+from relay_topics.rules import Levels
+
 Subscriber = tuple[int, str]
 """(ingress inbox slot, connection id)."""
 
-_PLUS = "+"
-_HASH = "#"
+_PLUS = rules.PLUS
+_HASH = rules.HASH
 
 
 class _Node:
@@ -87,13 +89,6 @@ class _Node:
         return out
 
 
-def _check_filter(filter_levels: Levels) -> None:
-    if not filter_levels:
-        raise ValueError("a filter has at least one level")
-    if _HASH in filter_levels[:-1]:
-        raise ValueError(f"'#' must be the last level of a filter: {filter_levels!r}")
-
-
 class FilterIndex:
     """Subscriptions (filter, subscriber) per Kafka partition, in one trie of filter levels."""
 
@@ -109,9 +104,10 @@ class FilterIndex:
     def add(self, partition: int, filter_levels: Levels, subscriber: Subscriber) -> bool:
         """Add the subscription on that partition; True if it was not there yet.
 
-        O(depth of the filter). Raises `ValueError` for no level or a `#` before the last level.
+        O(depth of the filter). Raises `rules.TopicError` (a `ValueError`) for levels that are
+        not a filter (`rules.check_filter_levels`).
         """
-        _check_filter(filter_levels)
+        rules.check_filter_levels(filter_levels)
         node = self._root
         for level in filter_levels:
             node = node.make_child(level)
@@ -206,7 +202,7 @@ class FilterIndex:
             raise ValueError("a topic has at least one level")
         found: set[Subscriber] = set()
         depth = len(topic_levels)
-        dollar = topic_levels[0].startswith("$")
+        dollar = rules.hidden_from_wildcards(topic_levels)
         # An explicit stack, not recursion: a valid topic can have tens of thousands of levels.
         stack: list[tuple[_Node, int]] = [(self._root, 0)]
         while stack:

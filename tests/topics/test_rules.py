@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from relay_streams import topics
-from relay_streams.topics import TopicError, topic_matches
+from relay_topics import rules
+from relay_topics.rules import TopicError, topic_matches
 
 
 @pytest.mark.parametrize(
@@ -61,7 +61,7 @@ def test_matching(topic_filter: str, topic: str, expected: bool) -> None:
 )
 def test_bad_topics(topic: object, why: str) -> None:
     with pytest.raises(TopicError, match=why):
-        topics.parse_topic(topic)
+        rules.parse_topic(topic)
 
 
 @pytest.mark.parametrize(
@@ -77,18 +77,39 @@ def test_bad_topics(topic: object, why: str) -> None:
 )
 def test_bad_filters(topic_filter: str, why: str) -> None:
     with pytest.raises(TopicError, match=why):
-        topics.parse_filter(topic_filter)
+        rules.parse_filter(topic_filter)
 
 
 def test_levels() -> None:
-    assert topics.parse_topic("/a//b/") == ("", "a", "", "b", "")
-    assert topics.parse_filter("+/#") == ("+", "#")
-    assert topics.is_wildcard(("a", "+"))
-    assert not topics.is_wildcard(("a", "b"))
+    assert rules.parse_topic("/a//b/") == ("", "a", "", "b", "")
+    assert rules.parse_filter("+/#") == ("+", "#")
+    assert rules.is_wildcard(("a", "+"))
+    assert not rules.is_wildcard(("a", "b"))
+    # `levels` splits what was parsed before, the same way, without checking it again.
+    assert rules.levels("/a//b/") == rules.parse_topic("/a//b/")
+    assert rules.levels("+/#") == rules.parse_filter("+/#")
+    assert rules.levels("a/#/b") == ("a", "#", "b")
+    assert rules.hidden_from_wildcards(("$SYS", "x"))
+    assert not rules.hidden_from_wildcards(("x$", "$SYS"))
+
+
+@pytest.mark.parametrize(
+    ("levels", "why"),
+    [((), "at least one level"), (("#", "a"), "last level"), (("a+",), "whole level")],
+)
+def test_filter_levels_are_checked_like_filter_text(levels: rules.Levels, why: str) -> None:
+    """`check_filter_levels` (what `FilterIndex.add` checks) refuses what `parse_filter`
+    refuses, with the same words."""
+    with pytest.raises(TopicError, match=why):
+        rules.check_filter_levels(levels)
+    if levels:
+        with pytest.raises(TopicError, match=why):
+            rules.parse_filter("/".join(levels))
+    assert rules.check_filter_levels(("a", "+", "#")) == ("a", "+", "#")
 
 
 def _reference(topic_filter: str, topic: str) -> bool:
-    """Matching by regular expression, written independently of `topics.matches`."""
+    """Matching by regular expression, written independently of `rules.matches`."""
     if topic_filter[0] in "+#" and topic.startswith("$"):
         return False
     pattern = re.escape(topic_filter).replace(r"\+", "[^/]*")
@@ -128,7 +149,7 @@ def test_the_patterns_say_what_the_parsers_say(text: str) -> None:
     """`TOPIC_PATTERN` and `FILTER_PATTERN` (for API schemas) agree with the parsers on
     non-empty text."""
     if text:
-        topic_ok = re.fullmatch(topics.TOPIC_PATTERN, text) is not None
-        filter_ok = re.fullmatch(topics.FILTER_PATTERN, text) is not None
-        assert topic_ok == _parses(topics.parse_topic, text)
-        assert filter_ok == _parses(topics.parse_filter, text)
+        topic_ok = re.fullmatch(rules.TOPIC_PATTERN, text) is not None
+        filter_ok = re.fullmatch(rules.FILTER_PATTERN, text) is not None
+        assert topic_ok == _parses(rules.parse_topic, text)
+        assert filter_ok == _parses(rules.parse_filter, text)

@@ -1,4 +1,4 @@
-"""The filter index against the reference matcher (`relay_streams.topics.matches`): a stateful
+"""The filter index against the reference matcher (`relay_topics.rules.matches`): a stateful
 test through random add, remove, drop_slot, drop_partition and match sequences, a property test
 over random filter sets, and the MQTT corner cases spelled out."""
 
@@ -9,8 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from relay_routes.filters import FilterIndex, Levels, Subscriber
-from relay_streams.topics import matches, parse_filter, parse_topic
+from relay_topics.index import FilterIndex, Levels, Subscriber
+from relay_topics.rules import matches, parse_filter, parse_topic
 
 # A small alphabet so random filters and topics collide; `$`-levels and empty levels included.
 LEVELS = ["a", "b", "", "$SYS", "$x"]
@@ -287,7 +287,7 @@ def test_a_filter_deeper_than_the_recursion_limit() -> None:
     assert index.check() == 1
 
 
-@pytest.mark.parametrize("bad", [(), ("#", "a"), ("a", "#", "#")])
+@pytest.mark.parametrize("bad", [(), ("#", "a"), ("a", "#", "#"), ("a", "b+")])
 def test_a_malformed_filter_is_refused(bad: Levels) -> None:
     with pytest.raises(ValueError, match="level"):
         FilterIndex().add(0, bad, SUB)
