@@ -8,19 +8,27 @@ Invariants:
   record the broker does not take is lost: its asker gets 503, delivery resyncs from its
   subscriptions;
 - putting never waits: concurrent commands share fsync rounds (one round covers everything put
-  while the previous round ran) and produce round trips.
+  while the previous round ran) and produce round trips. The loop is
+  `relay_durable.batching.BatchLoop`, shared with the retainer's group commit;
+- a batch whose durability fails (an fdatasync error: the journal and store log then fail
+  every later wait too) is not sent; its askers answer 503 when their deadline passes. So is
+  a record put after `close()` (logged).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections import deque
 from dataclasses import dataclass
+
+import structlog
 
 from relay_bus import schemas
 from relay_bus.bus import Bus
+from relay_durable.batching import BatchLoop
 from relay_journal.aio import AsyncJournal
 from relay_storelog.aio import AsyncStoreLog
+
+log = structlog.get_logger(__name__)
 
 
 @dataclass(frozen=True)
@@ -30,43 +38,36 @@ class Send:
     partition: int
 
 
+@dataclass(frozen=True)
+class _Put:
+    lsn: int | None
+    seq: int | None
+    sends: list[Send]
+
+
 class Outbox:
     def __init__(self, bus: Bus, journal: AsyncJournal, store: AsyncStoreLog) -> None:
         self.bus = bus
         self.journal = journal
         self.store = store
-        self._pending: deque[tuple[int | None, int | None, list[Send]]] = deque()
-        self._wake = asyncio.Event()
-        self._closing = False
-        self._task = asyncio.create_task(self._run(), name="outbox")
+        self._loop: BatchLoop[_Put] = BatchLoop(self._send_when_durable, "outbox")
+        self._loop.start()
 
     def put(self, lsn: int | None, seq: int | None, sends: list[Send]) -> None:
-        if sends:
-            self._pending.append((lsn, seq, sends))
-            self._wake.set()
+        if sends and not self._loop.put(_Put(lsn, seq, sends)):
+            log.warning("outbox_closed", dropped=len(sends))
 
-    async def _run(self) -> None:
-        while True:
-            if not self._pending:
-                if self._closing:
-                    return
-                await self._wake.wait()
-                self._wake.clear()
-                continue
-            batch = list(self._pending)
-            self._pending.clear()
-            lsns = [lsn for lsn, _, _ in batch if lsn is not None]
-            seqs = [seq for _, seq, _ in batch if seq is not None]
-            await asyncio.gather(
-                self.journal.durable(max(lsns)) if lsns else asyncio.sleep(0),
-                self.store.durable(max(seqs)) if seqs else asyncio.sleep(0),
-            )
-            for _, _, sends in batch:
-                for send in sends:
-                    self.bus.post(send.topic, send.record, partition=send.partition)
+    async def _send_when_durable(self, batch: list[_Put]) -> None:
+        lsns = [put.lsn for put in batch if put.lsn is not None]
+        seqs = [put.seq for put in batch if put.seq is not None]
+        await asyncio.gather(
+            self.journal.durable(max(lsns)) if lsns else asyncio.sleep(0),
+            self.store.durable(max(seqs)) if seqs else asyncio.sleep(0),
+        )
+        for put in batch:
+            for send in put.sends:
+                self.bus.post(send.topic, send.record, partition=send.partition)
 
     async def close(self) -> None:
         """Send everything put so far (once durable), then stop."""
-        self._closing = True
-        self._wake.set()
-        await self._task
+        await self._loop.close()

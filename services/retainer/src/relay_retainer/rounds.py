@@ -9,6 +9,10 @@ Invariants:
 - a round refused as a whole for one write's sake (`split_on`) is applied again one write at a
   time, in order, so only the offending writes are refused;
 - `stop` finishes the writes already handed over, then takes no more.
+
+The loop itself (a round is every write handed over while the previous one was written) is
+`relay_durable.batching.BatchLoop`, shared with the queue-writer's outbox; this module adds what
+is the retainer's own: deadlines, grouping and splitting a refused round.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
+
+from relay_durable.batching import BatchLoop
 
 W = TypeVar("W")
 
@@ -49,48 +55,30 @@ class Rounds(Generic[W]):
         self._apply = apply
         self._split_on = split_on
         self._group = group
-        self._name = name
-        self._pending: list[Pending[W]] = []
-        self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-        self._stopping = False
+        self._loop: BatchLoop[Pending[W]] = BatchLoop(self._round, name)
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name=self._name)
+        self._loop.start()
 
     def submit(self, write: W, expired: Callable[[], bool]) -> asyncio.Future[None]:
         """Hand a write over; the future settles once it is durable, or with its refusal."""
         pending = Pending(write, expired)
-        if self._stopping or self._task is None:
+        if not self._loop.put(pending):
             pending.done.set_exception(Expired("the retainer is stopping"))
-        else:
-            self._pending.append(pending)
-            self._wake.set()
         return pending.done
 
     async def stop(self) -> None:
-        self._stopping = True
-        self._wake.set()
-        if self._task is not None:
-            await asyncio.gather(self._task, return_exceptions=True)
+        await self._loop.close()
 
-    async def _run(self) -> None:
-        while True:
-            if not self._pending:
-                if self._stopping:
-                    return
-                await self._wake.wait()
-                self._wake.clear()
-                continue
-            batch, self._pending = self._pending, []
-            live = []
-            for pending in batch:
-                if pending.expired():
-                    pending.done.set_exception(Expired("deadline passed before the write"))
-                else:
-                    live.append(pending)
-            for part in self._group(live) if live else []:
-                await self._write(part)
+    async def _round(self, batch: list[Pending[W]]) -> None:
+        live = []
+        for pending in batch:
+            if pending.expired():
+                pending.done.set_exception(Expired("deadline passed before the write"))
+            else:
+                live.append(pending)
+        for part in self._group(live) if live else []:
+            await self._write(part)
 
     async def _write(self, writes: list[Pending[W]]) -> None:
         try:
