@@ -18,7 +18,6 @@ Invariants:
 
 from __future__ import annotations
 
-import base64
 import time
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
@@ -94,7 +93,8 @@ class AdminPage(BaseModel):
 
 
 def encode_cursor(topic: str) -> str:
-    return base64.urlsafe_b64encode(topic.encode()).rstrip(b"=").decode()
+    """A page's cursor: its last topic as base64url (the one codec, through `ids`)."""
+    return ids.b64u(topic.encode())
 
 
 def decode_cursor(text: str) -> str:
