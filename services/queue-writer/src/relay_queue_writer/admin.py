@@ -3,7 +3,7 @@
 Invariants:
 - the ingress sends one copy of a request to every command partition; this instance runs the
   operation once per request id and answers once per partition it received it on, so the asker
-  knows every owner has answered;
+  knows every owner has answered (`relay_bus.once.OncePerId`);
 - the command consumer never waits for an operation: answers are sent by background tasks, and
   a request past its deadline is dropped (its asker has already given up);
 - a dump triggered while one runs reports the running one (`StoreLog.dump`);
@@ -13,7 +13,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-from collections import OrderedDict
+import functools
 from typing import Any
 
 import structlog
@@ -21,6 +21,7 @@ import structlog
 from relay_bus import schemas, topics
 from relay_bus.bus import Bus
 from relay_bus.consumers import Received
+from relay_bus.once import OncePerId
 from relay_queue_writer.stores import Stores
 
 log = structlog.get_logger(__name__)
@@ -36,21 +37,16 @@ class AdminRequests:
         self.bus = bus
         self.stores = stores
         self.instance = instance
-        self._runs: OrderedDict[str, asyncio.Task[dict[str, Any]]] = OrderedDict()
-        self._replies: set[asyncio.Task[None]] = set()
+        self._requests: OncePerId[dict[str, Any]] = OncePerId(REMEMBERED, "admin")
 
     async def handle(self, received: Received, request: schemas.AdminRequest) -> None:
         if request.expired():
             return
-        run = self._runs.get(request.id)
-        if run is None:
-            run = asyncio.create_task(self._run(request), name=f"admin-{request.op}")
-            self._runs[request.id] = run
-            while len(self._runs) > REMEMBERED:
-                self._runs.popitem(last=False)
-        reply = asyncio.create_task(self._answer(request, received.partition, run))
-        self._replies.add(reply)
-        reply.add_done_callback(self._replies.discard)
+        self._requests.handle(
+            request.id,
+            functools.partial(self._run, request),
+            functools.partial(self._answer, request, received.partition),
+        )
 
     async def _run(self, request: schemas.AdminRequest) -> dict[str, Any]:
         if request.op == "dump":
@@ -93,13 +89,8 @@ class AdminRequests:
         }
 
     async def _answer(
-        self, request: schemas.AdminRequest, partition: int, run: asyncio.Task[dict[str, Any]]
+        self, request: schemas.AdminRequest, partition: int, result: dict[str, Any]
     ) -> None:
-        try:
-            result = await run
-        except Exception:
-            log.exception("admin_request_failed", op=request.op)
-            return
         if request.expired():
             return
         reply = schemas.AdminReply(
@@ -112,6 +103,4 @@ class AdminRequests:
         await self.bus.send(topics.INGRESS_INBOX, reply, partition=request.reply_slot)
 
     async def close(self) -> None:
-        for task in [*self._runs.values(), *self._replies]:
-            task.cancel()
-        await asyncio.gather(*self._runs.values(), *self._replies, return_exceptions=True)
+        await self._requests.cancel()
