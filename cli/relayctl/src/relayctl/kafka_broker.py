@@ -12,13 +12,14 @@ Invariants:
 
 from __future__ import annotations
 
-import base64
 import os
 import shutil
 import subprocess
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+
+from relay_durable import codec
 
 READY_TEXT = "Kafka Server started"
 """Logged (INFO, `kafka.server.KafkaRaftServer`) once the node serves clients; the port opens
@@ -83,7 +84,7 @@ def java() -> str:
 
 def new_cluster_id() -> str:
     """16 random bytes, base64url without padding (what `kafka-storage random-uuid` prints)."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+    return codec.b64u(uuid.uuid4().bytes)
 
 
 def properties(node: Node, voters: list[Node]) -> str:

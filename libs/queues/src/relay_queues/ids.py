@@ -11,11 +11,10 @@ Invariants:
 
 from __future__ import annotations
 
-import base64
-import binascii
-import re
 import secrets
 from typing import NewType
+
+from relay_durable import codec
 
 ID_BYTES = 24
 ID_CHARS = 32
@@ -24,25 +23,14 @@ QueueId = NewType("QueueId", str)
 """A recipient id: the queue's name in commands, events, the journal and the store log."""
 SenderId = NewType("SenderId", str)
 
-_B64U = re.compile(r"^[A-Za-z0-9_-]*$")
-
 
 class InvalidId(ValueError):
     pass
 
 
-def b64u(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
-
-
-def unb64u(text: str) -> bytes:
-    """Decode base64url without padding; `ValueError` for anything else."""
-    if not _B64U.match(text) or len(text) % 4 == 1:
-        raise ValueError("not base64url")
-    try:
-        return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-    except (binascii.Error, ValueError):
-        raise ValueError("not base64url") from None
+b64u = codec.b64u
+unb64u = codec.unb64u
+"""`relay_durable.codec`'s, under the names the queue code and the ingress use."""
 
 
 def new_id() -> str:

@@ -20,8 +20,8 @@ import hmac
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
+from relay_durable.outcome import Outcome
 from relay_journal import errors as journal_errors
 from relay_journal.journal import QueueJournal
 from relay_journal.records import Message
@@ -55,26 +55,17 @@ class Event:
 
 
 @dataclass(frozen=True)
-class Outcome:
-    status: int
-    """HTTP status of the answer."""
-    data: dict[str, Any] | None = None
-    code: str | None = None
-    """API error code when refused."""
-    detail: str = ""
+class QueueOutcome(Outcome):
+    """An answer (`relay_durable.outcome.Outcome`), and what must happen before it is sent."""
+
     lsn: int | None = None
     """Journal lsn that must be durable before answering."""
     seq: int | None = None
     """Store-log sequence that must be durable before answering."""
     events: list[Event] = field(default_factory=list)
 
-    @property
-    def ok(self) -> bool:
-        return self.code is None
 
-
-def refused(status: int, code: str, detail: str, *, lsn: int | None = None) -> Outcome:
-    return Outcome(status, code=code, detail=detail, lsn=lsn)
+refused = QueueOutcome.refused
 
 
 AUTH_REFUSED = refused(401, "AUTH", "signature, timestamp or queue not accepted")
@@ -122,21 +113,21 @@ class QueueRules:
 
     def create(
         self, queue: ids.QueueId, sender: ids.SenderId, recipient_key: str, now_ms: int
-    ) -> Outcome:
+    ) -> QueueOutcome:
         answer = {"recipient_id": queue, "sender_id": sender, "quota": self.quota}
         existing = self.store.queues.get(queue)
         if existing is not None:
             if (existing.sender_id, existing.recipient_key) == (sender, recipient_key):
-                return Outcome(201, answer)  # the same command again
+                return QueueOutcome(201, answer)  # the same command again
             return refused(503, "UNAVAILABLE", "id collision; retry")
         if self.store.by_sender(sender) is not None:
             return refused(503, "UNAVAILABLE", "id collision; retry")
         record = QueueRecord(queue, sender, recipient_key, self.quota, now_ms, now_ms)
-        return Outcome(201, answer, seq=self.store.new(record))
+        return QueueOutcome(201, answer, seq=self.store.new(record))
 
     def send(
         self, sender: ids.SenderId, msg_id: str, body: bytes, ttl_s: int | None, now_ms: int
-    ) -> Outcome:
+    ) -> QueueOutcome:
         record = self.store.by_sender(sender)
         if record is None:
             return refused(404, "NOT_FOUND", "unknown sender id")
@@ -145,7 +136,7 @@ class QueueRules:
             return refused(403, "FORBIDDEN", "queue suspended")
         first_ts = self._recent.get(msg_id)
         if first_ts is not None:
-            return Outcome(201, {"msg_id": msg_id, "ts": first_ts}, lsn=self._lsn())
+            return QueueOutcome(201, {"msg_id": msg_id, "ts": first_ts}, lsn=self._lsn())
         ttl_ms = (ttl_s if ttl_s is not None else self.default_ttl_s) * 1000
         try:
             lsn = self.journal.write(
@@ -154,20 +145,22 @@ class QueueRules:
         except journal_errors.QuotaExceeded:
             # The first refusal appended the marker: it must be durable, and delivery told.
             event = self._event("changed", queue, now_ms)
-            return Outcome(429, code="QUOTA", detail="queue full", lsn=event.lsn, events=[event])
+            return QueueOutcome(
+                429, code="QUOTA", detail="queue full", lsn=event.lsn, events=[event]
+            )
         except journal_errors.QueueSuspended:
             return refused(403, "FORBIDDEN", "queue suspended")
         self._recent[msg_id] = now_ms
         if len(self._recent) > RECENT_SENDS:
             self._recent.popitem(last=False)
         event = self._event("changed", queue, now_ms)
-        return Outcome(201, {"msg_id": msg_id, "ts": now_ms}, lsn=lsn, events=[event])
+        return QueueOutcome(201, {"msg_id": msg_id, "ts": now_ms}, lsn=lsn, events=[event])
 
-    def info(self, queue: ids.QueueId, signed: Signed) -> Outcome:
+    def info(self, queue: ids.QueueId, signed: Signed) -> QueueOutcome:
         record = self._recipient(queue, signed)
         if record is None:
             return AUTH_REFUSED
-        return Outcome(
+        return QueueOutcome(
             200,
             {
                 "size": self.journal.size(queue),
@@ -177,7 +170,7 @@ class QueueRules:
             },
         )
 
-    def head(self, queue: ids.QueueId, signed: Signed, now_ms: int) -> Outcome:
+    def head(self, queue: ids.QueueId, signed: Signed, now_ms: int) -> QueueOutcome:
         """The head message, handed out until ACK (delivery is told)."""
         if self._recipient(queue, signed) is None:
             return AUTH_REFUSED
@@ -185,7 +178,7 @@ class QueueRules:
         # Expired heads dropped by the peek are logged: durable before answering.
         return _message_outcome(event)
 
-    def ack(self, queue: ids.QueueId, msg_id: str, signed: Signed, now_ms: int) -> Outcome:
+    def ack(self, queue: ids.QueueId, msg_id: str, signed: Signed, now_ms: int) -> QueueOutcome:
         """Acknowledge the head; answers the next message. The head handed out may have expired
         since: its ACK is still accepted (the client has it); expired ones after it are dropped."""
         if self._recipient(queue, signed) is None:
@@ -199,7 +192,7 @@ class QueueRules:
         self.journal.ack(queue, current.msg_id)
         return _message_outcome(self._event("changed", queue, now_ms))
 
-    def suspend(self, queue: ids.QueueId, signed: Signed, now_ms: int) -> Outcome:
+    def suspend(self, queue: ids.QueueId, signed: Signed, now_ms: int) -> QueueOutcome:
         record = self._recipient(queue, signed)
         if record is None:
             return AUTH_REFUSED
@@ -207,29 +200,29 @@ class QueueRules:
         seq = None
         if record.status != "suspended":
             seq = self.store.set_status(queue, "suspended", now_ms)
-        return Outcome(200, {}, lsn=lsn, seq=seq)
+        return QueueOutcome(200, {}, lsn=lsn, seq=seq)
 
-    def delete(self, queue: ids.QueueId, signed: Signed) -> Outcome:
+    def delete(self, queue: ids.QueueId, signed: Signed) -> QueueOutcome:
         if self._recipient(queue, signed) is None:
             return AUTH_REFUSED
         lsn = self.journal.delete(queue)
         seq = self.store.delete(queue)
-        return Outcome(204, lsn=lsn, seq=seq, events=[Event("deleted", queue, lsn)])
+        return QueueOutcome(204, lsn=lsn, seq=seq, events=[Event("deleted", queue, lsn)])
 
     def subscribe(
         self, queue: ids.QueueId, signed: Signed, subscriber: Subscriber, now_ms: int
-    ) -> Outcome:
+    ) -> QueueOutcome:
         if self._recipient(queue, signed) is None:
             return AUTH_REFUSED
         return self.resync(queue, subscriber, now_ms)
 
-    def resync(self, queue: ids.QueueId, subscriber: Subscriber, now_ms: int) -> Outcome:
+    def resync(self, queue: ids.QueueId, subscriber: Subscriber, now_ms: int) -> QueueOutcome:
         """Tell delivery the queue's head for `subscriber` (internal: after a SUB, or when
         delivery rebuilds its state); nothing for a queue that no longer exists."""
         if queue not in self.store.queues:
-            return Outcome(200, {})
+            return QueueOutcome(200, {})
         event = self._event("subscribed", queue, now_ms, subscriber)
-        return Outcome(200, {}, lsn=event.lsn, events=[event])
+        return QueueOutcome(200, {}, lsn=event.lsn, events=[event])
 
     def expire(self, now_ms: int) -> Iterator[Event]:
         """Drop expired messages from every queue, open or not (the periodic sweep), lazily;
@@ -238,9 +231,9 @@ class QueueRules:
             yield self._event("changed", ids.QueueId(queue), now_ms)
 
 
-def _message_outcome(event: Event) -> Outcome:
+def _message_outcome(event: Event) -> QueueOutcome:
     """200 with the head message, or 204 when the queue is empty."""
     head = event.head
-    return Outcome(
+    return QueueOutcome(
         200 if head else 204, head.frame() if head else None, lsn=event.lsn, events=[event]
     )

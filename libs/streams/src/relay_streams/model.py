@@ -9,13 +9,12 @@ raises `BadToken`; a stream string is never accepted as an iterator or the other
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 import zlib
 from dataclasses import dataclass
 from typing import Any, NamedTuple, NewType
 
+from relay_durable import codec
 from relay_streams.errors import BadToken
 
 ShardId = NewType("ShardId", int)
@@ -45,7 +44,7 @@ class Position(NamedTuple):
 def _pack(kind: str, fields: list[Any]) -> str:
     raw = bytes([TOKEN_VERSION]) + json.dumps([kind, *fields], separators=(",", ":")).encode()
     raw += zlib.crc32(raw).to_bytes(4, "big")
-    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+    return codec.b64u(raw)
 
 
 def _unpack(token: object, kind: str, count: int) -> list[Any]:
@@ -53,8 +52,8 @@ def _unpack(token: object, kind: str, count: int) -> list[Any]:
     if not isinstance(token, str) or not token or len(token) > 100_000:
         raise BadToken(f"{what} must be a non-empty string")
     try:
-        raw = base64.b64decode(token + "=" * (-len(token) % 4), altchars=b"-_", validate=True)
-    except (binascii.Error, ValueError):
+        raw = codec.unb64u(token)
+    except ValueError:
         raise BadToken(f"{what} is not base64url") from None
     if len(raw) < 6 or zlib.crc32(raw[:-4]).to_bytes(4, "big") != raw[-4:]:
         raise BadToken(f"{what} is damaged (checksum mismatch)")

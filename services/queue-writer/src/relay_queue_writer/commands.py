@@ -28,7 +28,7 @@ from relay_queue_writer.outbox import Outbox, Send
 from relay_queue_writer.stores import Stores
 from relay_queues import ids
 from relay_queues.delivery import Subscriber
-from relay_queues.writer import Event, Outcome, QueueRules, Signed, refused
+from relay_queues.writer import Event, QueueOutcome, QueueRules, Signed, refused
 
 log = structlog.get_logger(__name__)
 
@@ -90,7 +90,7 @@ class Commands:
         )
         return Send(topics.QUEUE_EVENTS, record, ids.partition_of(event.queue, self.partitions))
 
-    def _apply(self, command: schemas.QueueCommand, now: int) -> Outcome:
+    def _apply(self, command: schemas.QueueCommand, now: int) -> QueueOutcome:
         rules = self.rules
         if isinstance(command, schemas.CreateQueue):
             queue, sender = ids.QueueId(command.queue), ids.SenderId(command.sender)

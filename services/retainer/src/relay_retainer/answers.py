@@ -1,24 +1,23 @@
 """What the retainer answers: an operation's outcome, the store's errors as the API's codes, and
 the `ds_reply` record that carries it to the asker's inbox slot.
 
-Invariants: every operation ends in an `Outcome` (a store fault it did not expect is logged and
-answered 503 `UNAVAILABLE`, never left unanswered); refused input is 400, a missing database or
-topic 404, a full retained store 429 `QUOTA`, a write not made durable in time 503; a reply that
-Kafka does not take is dropped (its asker times out with 503).
+Invariants: every operation ends in an `Outcome` (`relay_durable.outcome`; a store fault it did
+not expect is logged and answered 503 `UNAVAILABLE`, never left unanswered); refused input is 400,
+a missing database or topic 404, a full retained store 429 `QUOTA`, a write not made durable in
+time 503; a reply that Kafka does not take is dropped (its asker times out with 503).
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 from collections.abc import Awaitable
-from dataclasses import dataclass
 from typing import Any
 
 import structlog
 
 from relay_bus import schemas, topics
 from relay_bus.bus import Bus, BusUnavailableError
+from relay_durable import codec
+from relay_durable.outcome import Outcome
 from relay_retainer.rounds import Expired
 from relay_streams.errors import BadInput, Closed, NotFound, WriteFailed
 from relay_streams.retained import RetainedFull
@@ -27,16 +26,8 @@ from relay_topics import rules as topic_rules
 log = structlog.get_logger(__name__)
 
 
-@dataclass(frozen=True)
-class Outcome:
-    status: int
-    data: dict[str, Any] | None = None
-    code: str | None = None
-    detail: str = ""
-
-
 def _refused(status: int, code: str, error: BaseException) -> Outcome:
-    return Outcome(status, code=code, detail=str(error))
+    return Outcome.refused(status, code, str(error))
 
 
 async def guarded(operation: Awaitable[Outcome], what: str) -> Outcome:
@@ -56,14 +47,11 @@ async def guarded(operation: Awaitable[Outcome], what: str) -> Outcome:
         return _refused(503, "UNAVAILABLE", error)
 
 
-def b64u(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
-
-
-def unb64u(text: str) -> bytes:
+def payload(text: str) -> bytes:
+    """A request's base64url payload (`relay_durable.codec`), or `BadInput` (400)."""
     try:
-        return base64.b64decode(text + "=" * (-len(text) % 4), altchars=b"-_", validate=True)
-    except (binascii.Error, ValueError):
+        return codec.unb64u(text)
+    except ValueError:
         raise BadInput("payload is not base64url") from None
 
 

@@ -5,9 +5,10 @@ Invariants:
 - a request past its deadline is dropped, and so is its answer: the asker has already answered
   503, and requests read again after a restart or a broker log loss must not act late;
 - each request id runs once (a record read twice gets the first run's answer), and is answered
-  once per partition it arrived on. Requests for every partition (`streams`, `describe`, replica
-  and site changes) carry their data only on the answer for this retainer's lowest partition,
-  so the asker gets each retainer's data once; a long stream list comes in several parts;
+  once per partition it arrived on (`relay_bus.once.OncePerId`). Requests for every partition
+  (`streams`, `describe`, replica and site changes) carry their data only on the answer for
+  this retainer's lowest partition, so the asker gets each retainer's data once; a long stream
+  list comes in several parts;
 - `store` requests carry only topics of the partition they arrived on (refused otherwise), so a
   topic's messages always live with one retainer;
 - the consumer never waits for an operation: answers are sent by tasks.
@@ -16,7 +17,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-from collections import OrderedDict
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,8 +26,10 @@ import structlog
 from relay_bus import routing, schemas
 from relay_bus.bus import Bus
 from relay_bus.consumers import Received
+from relay_bus.once import OncePerId
+from relay_durable import codec
+from relay_durable.outcome import Outcome
 from relay_retainer import answers, ds_admin
-from relay_retainer.answers import Outcome, b64u, unb64u
 from relay_retainer.streams import StreamHost
 from relay_streams.errors import BadInput
 from relay_streams.model import MAX_TS, Message
@@ -60,26 +63,19 @@ class DsRequests:
         self.instance = instance
         self.owned = list(owned)
         self.partitions = partitions
-        self._runs: OrderedDict[str, asyncio.Task[Outcome]] = OrderedDict()
-        self._reads: OrderedDict[str, asyncio.Task[Outcome]] = OrderedDict()
-        self._replies: set[asyncio.Task[None]] = set()
+        self._writes: OncePerId[Outcome] = OncePerId(REMEMBERED, "ds")
+        self._reads: OncePerId[Outcome] = OncePerId(READS_REMEMBERED, "ds-read")
         self._admin = asyncio.Lock()
 
     async def handle(self, received: Received, request: schemas.DsRequest) -> None:
         if request.expired():
             return
-        runs, limit = (
-            (self._reads, READS_REMEMBERED) if request.op in READS else (self._runs, REMEMBERED)
+        requests = self._reads if request.op in READS else self._writes
+        requests.handle(
+            request.id,
+            functools.partial(self._run, request, received.partition),
+            functools.partial(self._answer, request, received.partition),
         )
-        run = runs.get(request.id)
-        if run is None:
-            run = asyncio.create_task(self._run(request, received.partition), name="ds")
-            runs[request.id] = run
-            while len(runs) > limit:
-                runs.popitem(last=False)
-        reply = asyncio.create_task(self._answer(request, received.partition, run))
-        self._replies.add(reply)
-        reply.add_done_callback(self._replies.discard)
 
     async def _run(self, request: schemas.DsRequest, partition: int) -> Outcome:
         return await answers.guarded(self._op(request, partition), f"ds {request.op} {request.db}")
@@ -114,7 +110,7 @@ class DsRequests:
                 200,
                 {
                     "messages": [
-                        {"topic": m.topic, "payload": b64u(m.payload), "ts": m.ts}
+                        {"topic": m.topic, "payload": codec.b64u(m.payload), "ts": m.ts}
                         for m in result.messages
                     ],
                     "iterator": routing.address(partition, result.iterator.token()),
@@ -150,7 +146,7 @@ class DsRequests:
             owner = routing.partition_of_topic(m.topic, self.partitions)
             if owner != partition:
                 raise BadInput(f"message {i}: topic belongs to partition {owner}, not {partition}")
-            payload = unb64u(m.payload)
+            payload = answers.payload(m.payload)
             if m.ts is None:
                 out.append((m.topic, payload))
             elif 0 <= m.ts <= MAX_TS:
@@ -159,10 +155,7 @@ class DsRequests:
                 raise BadInput(f"message {i}: ts out of range")
         return out
 
-    async def _answer(
-        self, request: schemas.DsRequest, partition: int, run: asyncio.Task[Outcome]
-    ) -> None:
-        outcome = await run
+    async def _answer(self, request: schemas.DsRequest, partition: int, outcome: Outcome) -> None:
         if request.expired():
             return
         data = outcome.data
@@ -186,9 +179,4 @@ class DsRequests:
     async def drain(self, budget_s: float = 2.0) -> None:
         """Let running operations finish and send their answers (within `budget_s`), then
         cancel what is left; called once the consumer has stopped."""
-        pending = [*self._runs.values(), *self._reads.values(), *self._replies]
-        if pending:
-            _, late = await asyncio.wait(pending, timeout=budget_s)
-            for task in late:
-                task.cancel()
-            await asyncio.gather(*late, return_exceptions=True)
+        await asyncio.gather(self._writes.drain(budget_s), self._reads.drain(budget_s))

@@ -24,7 +24,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-from collections import OrderedDict
+import functools
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -34,8 +34,10 @@ from pydantic import BaseModel, Field
 
 from relay_bus import schemas
 from relay_bus.bus import Bus
+from relay_bus.once import OncePerId
+from relay_durable import codec
+from relay_durable.outcome import Outcome
 from relay_retainer import answers
-from relay_retainer.answers import Outcome, b64u, unb64u
 from relay_retainer.rounds import Rounds
 from relay_runtime import exits
 from relay_runtime.readiness import Readiness
@@ -46,7 +48,8 @@ from relay_topics import rules as topic_rules
 log = structlog.get_logger(__name__)
 
 READS_REMEMBERED = 64
-"""Reads for every partition whose outcome is kept for the partitions that ask later."""
+"""Reads for every partition (`match`, `size`) whose outcome is kept for the partitions that ask
+later; the other requests go to one partition and run once per record."""
 
 
 class RetainedServiceSettings(BaseModel):
@@ -66,7 +69,7 @@ class RetainedServiceSettings(BaseModel):
 def message_json(message: Retained) -> dict[str, Any]:
     return {
         "topic": message.topic,
-        "payload": b64u(message.payload),
+        "payload": codec.b64u(message.payload),
         "ts": message.ts,
         "expires_at": message.expires_at,
     }
@@ -194,30 +197,25 @@ class RetainedRequests:
         self.instance = instance
         self.owned = list(owned)
         self.partitions = partitions
-        self._reads: OrderedDict[str, asyncio.Task[Outcome]] = OrderedDict()
-        self._replies: set[asyncio.Task[None]] = set()
+        self._requests: OncePerId[Outcome] = OncePerId(READS_REMEMBERED, "retained")
 
     def handle(self, record: schemas.Publication | schemas.RetainedRequest, partition: int) -> None:
         """Called by the consumer in record order; never waits for the operation."""
         if record.expired() or (isinstance(record, schemas.Publication) and not record.retain):
             return
+        reply = functools.partial(self._answer, record, partition)
         if isinstance(record, schemas.Publication):
             run = self._submit(record, record.topic, record.payload, record.expiry_s, 202)
         elif record.op == "delete":
             run = self._submit(record, record.topic, "", None, 204)
         elif record.op in ("match", "size"):
-            found = self._reads.get(record.id)
-            if found is None:
-                found = asyncio.ensure_future(
-                    answers.guarded(self._every(record), "retained match")
-                )
-                self._reads[record.id] = found
-                while len(self._reads) > READS_REMEMBERED:
-                    self._reads.popitem(last=False)
-            run = found
+            self._requests.handle(
+                record.id, lambda: answers.guarded(self._every(record), "retained match"), reply
+            )
+            return
         else:
             run = asyncio.ensure_future(answers.guarded(self._read(record), "retained read"))
-        self._reply_when_done(record, partition, run)
+        self._requests.answer(run, reply)
 
     def _submit(
         self,
@@ -230,7 +228,7 @@ class RetainedRequests:
         """Queue the write now (record order is write order); its outcome once durable."""
         ts = record.ts if isinstance(record, schemas.Publication) else None
         try:
-            write = Write(topic, unb64u(payload), 0, expiry_s, ts)
+            write = Write(topic, answers.payload(payload), 0, expiry_s, ts)
         except BadInput as error:
             return asyncio.ensure_future(answers.guarded(_raise(error), "retained write"))
         done = self.host.submit(write, record.expired)
@@ -255,23 +253,12 @@ class RetainedRequests:
         found = await self.host.match(record.filter, record.after, record.limit, record.keys_only)
         return Outcome(200, found)
 
-    def _reply_when_done(
-        self,
-        record: schemas.Publication | schemas.RetainedRequest,
-        partition: int,
-        run: asyncio.Future[Outcome],
-    ) -> None:
-        reply = asyncio.create_task(self._answer(record, partition, run))
-        self._replies.add(reply)
-        reply.add_done_callback(self._replies.discard)
-
     async def _answer(
         self,
         record: schemas.Publication | schemas.RetainedRequest,
         partition: int,
-        run: asyncio.Future[Outcome],
+        outcome: Outcome,
     ) -> None:
-        outcome = await run
         if record.expired():
             return
         data = outcome.data
@@ -282,9 +269,4 @@ class RetainedRequests:
 
     async def drain(self, budget_s: float = 2.0) -> None:
         """Let answers already under way go out (within `budget_s`), then cancel the rest."""
-        pending = [*self._reads.values(), *self._replies]
-        if pending:
-            _, late = await asyncio.wait(pending, timeout=budget_s)
-            for task in late:
-                task.cancel()
-            await asyncio.gather(*late, return_exceptions=True)
+        await self._requests.drain(budget_s)
