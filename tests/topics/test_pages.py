@@ -82,22 +82,33 @@ def no_ask_after_the_end(asked: list[tuple[int, bool]]) -> bool:
     return all(more for _limit, more in asked[:-1])
 
 
-@given(
-    st.lists(TOPIC, min_size=0, max_size=40, unique=True),
-    st.integers(1, 4),
-    st.integers(1, 7),
-    st.integers(1, 9),
-)
+@st.composite
+def spreads(draw: st.DrawFn) -> list[list[str]]:
+    """Distinct topics spread over one to four owners, each owner's in `order_key` order."""
+    stored = draw(st.lists(TOPIC, max_size=40, unique=True))
+    count = draw(st.integers(1, 4))
+    return [sorted(stored[i::count], key=order_key) for i in range(count)]
+
+
+LIMIT = st.integers(1, 7)
+ANSWER = st.integers(1, 9)
+"""Items an owner answers per ask at most (a retainer stops at its reply size)."""
+
+
+def everything(spread: list[list[str]]) -> list[str]:
+    return sorted((t for held in spread for t in held), key=order_key)
+
+
+@given(spreads(), LIMIT, ANSWER)
 @settings(max_examples=80, deadline=None)
 def test_merged_pages_visit_every_topic_once_in_order(
-    stored: list[str], stores: int, limit: int, answer: int
+    spread: list[list[str]], limit: int, answer: int
 ) -> None:
     """Topics spread over several stores, each answering at most `answer` items per ask, paged
     by `merge_pages` with keyset cursors, come once each, in one store's order."""
-    spread = [sorted(stored[i::stores], key=order_key) for i in range(stores)]
     seen: list[str] = []
     cursor: bytes | None = None
-    for _ in range(len(stored) + 2):
+    for _ in range(len(everything(spread)) + 2):
         answers = []
         for topics_here in spread:
             after = [t for t in topics_here if cursor is None or order_key(t) > cursor]
@@ -109,20 +120,14 @@ def test_merged_pages_visit_every_topic_once_in_order(
             break
         assert page, "more follow, but the page is empty"
         cursor = order_key(page[-1])
-    assert seen == sorted(stored, key=order_key)
+    assert seen == everything(spread)
 
 
-@given(
-    st.lists(TOPIC, min_size=0, max_size=40, unique=True),
-    st.integers(1, 4),
-    st.integers(1, 7),
-    st.integers(1, 9),
-)
+@given(spreads(), LIMIT, ANSWER)
 @settings(max_examples=60, deadline=None)
 def test_walk_gives_every_topic_once_in_order(
-    stored: list[str], stores: int, limit: int, answer: int
+    spread: list[list[str]], limit: int, answer: int
 ) -> None:
-    spread = [sorted(stored[i::stores], key=order_key) for i in range(stores)]
     asked: list[tuple[int, bool]] = []
 
     async def walked() -> list[list[str]]:
@@ -130,25 +135,18 @@ def test_walk_gives_every_topic_once_in_order(
 
     walked_pages = asyncio.run(walked())
     assert all(0 < len(page) <= limit for page in walked_pages)
-    assert [t for page in walked_pages for t in page] == sorted(stored, key=order_key)
+    assert [t for page in walked_pages for t in page] == everything(spread)
     assert no_ask_after_the_end(asked)
 
 
-@given(
-    st.lists(TOPIC, min_size=0, max_size=40, unique=True),
-    st.integers(1, 4),
-    st.integers(0, 45),
-    st.integers(1, 7),
-    st.integers(1, 9),
-)
+@given(spreads(), st.integers(0, 45), LIMIT, ANSWER)
 @settings(max_examples=60, deadline=None)
 def test_skip_finds_the_topic_count_items_in(
-    stored: list[str], stores: int, count: int, chunk: int, answer: int
+    spread: list[list[str]], count: int, chunk: int, answer: int
 ) -> None:
-    spread = [sorted(stored[i::stores], key=order_key) for i in range(stores)]
     asked: list[tuple[int, bool]] = []
     found = asyncio.run(pages.skip(owners(spread, answer, asked), count, chunk, str))
-    ordered = sorted(stored, key=order_key)
+    ordered = everything(spread)
     assert found == (ordered[count - 1] if 0 < count <= len(ordered) else None)
     assert all(1 <= limit <= chunk for limit, _more in asked)
     assert no_ask_after_the_end(asked)
