@@ -353,7 +353,9 @@ def test_acknowledged_retained_publishes_survive_retainer_kills(
             if response.status_code == 202:
                 acked[topic] = payload
             else:
-                assert response.status_code == 503, response.text
+                # 503 while a retainer restarts; 429 past the module's publish rate (writers
+                # outrun it on a fast broker). Neither was acknowledged: back off, go on.
+                assert response.status_code in (429, 503), response.text
                 time.sleep(0.05)
             i += 1
 
