@@ -57,7 +57,7 @@ class BatchLoop(Generic[T]):
 
     def put(self, item: T) -> bool:
         """Queue `item` for the next batch; False (and nothing queued) unless running."""
-        if not self.running:
+        if self._task is None or self._closing:  # `running`, without a property call per put
             return False
         self._items.append(item)
         self._wake.set()

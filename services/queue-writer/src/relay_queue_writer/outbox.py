@@ -38,11 +38,9 @@ class Send:
     partition: int
 
 
-@dataclass(frozen=True)
-class _Put:
-    lsn: int | None
-    seq: int | None
-    sends: list[Send]
+_Put = tuple[int | None, int | None, list[Send]]
+"""(lsn, seq, sends) of one `put`: a plain tuple, made once per command (a NamedTuple cost
+~0.2 µs more per put)."""
 
 
 class Outbox:
@@ -54,18 +52,18 @@ class Outbox:
         self._loop.start()
 
     def put(self, lsn: int | None, seq: int | None, sends: list[Send]) -> None:
-        if sends and not self._loop.put(_Put(lsn, seq, sends)):
+        if sends and not self._loop.put((lsn, seq, sends)):
             log.warning("outbox_closed", dropped=len(sends))
 
     async def _send_when_durable(self, batch: list[_Put]) -> None:
-        lsns = [put.lsn for put in batch if put.lsn is not None]
-        seqs = [put.seq for put in batch if put.seq is not None]
+        lsns = [lsn for lsn, _, _ in batch if lsn is not None]
+        seqs = [seq for _, seq, _ in batch if seq is not None]
         await asyncio.gather(
             self.journal.durable(max(lsns)) if lsns else asyncio.sleep(0),
             self.store.durable(max(seqs)) if seqs else asyncio.sleep(0),
         )
-        for put in batch:
-            for send in put.sends:
+        for _, _, sends in batch:
+            for send in sends:
                 self.bus.post(send.topic, send.record, partition=send.partition)
 
     async def close(self) -> None:
