@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from relay_bus import topics
 from relay_queues.delivery import Head
+from relay_queues.ids import ConnId, Lsn, Slot
 
 
 class SchemaError(ValueError):
@@ -146,9 +147,9 @@ class DeleteQueue(_RecipientCommand):
 
 class SubscribeQueue(_RecipientCommand):
     op: Literal["sub"] = "sub"
-    slot: int = Field(ge=0)
+    slot: Slot = Field(ge=0)
     """The inbox slot of the ingress holding the connection; `conn` its id there."""
-    conn: str
+    conn: ConnId
 
 
 QueueCommand = (
@@ -221,8 +222,8 @@ class QueueResync(_Record):
     kind: Literal["queue_resync"] = "queue_resync"
     v: Literal[1] = 1
     queue: str
-    slot: int = Field(ge=0)
-    conn: str
+    slot: Slot = Field(ge=0)
+    conn: ConnId
 
 
 class QueueEvent(_Record):
@@ -233,10 +234,10 @@ class QueueEvent(_Record):
     v: Literal[1] = 1
     event: Literal["changed", "read", "subscribed", "deleted", "unsubscribed"]
     queue: str
-    lsn: int = 0
+    lsn: Lsn = Lsn(0)
     head: Head | None = None
-    slot: int | None = None
-    conn: str = ""
+    slot: Slot | None = None
+    conn: ConnId = ConnId("")
 
 
 class Deliver(_Record):
@@ -245,7 +246,7 @@ class Deliver(_Record):
     kind: Literal["deliver"] = "deliver"
     v: Literal[1] = 1
     frame: Literal["MSG", "END"]
-    conn: str
+    conn: ConnId
     queue: str
     head: Head | None = None
 

@@ -19,12 +19,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
+from relay_queues import ids
+
 
 @dataclass(frozen=True)
 class Subscriber:
-    slot: int
+    slot: ids.Slot
     """The inbox partition of the ingress instance holding the connection."""
-    conn: str
+    conn: ids.ConnId
     """The connection's id at that instance."""
 
 

@@ -22,6 +22,14 @@ ID_CHARS = 32
 QueueId = NewType("QueueId", str)
 """A recipient id: the queue's name in commands, events, the journal and the store log."""
 SenderId = NewType("SenderId", str)
+Lsn = NewType("Lsn", int)
+"""A position in the queue journal's write-ahead log: durable once the journal says so."""
+Seq = NewType("Seq", int)
+"""A position in the store log (queue records): durable once the store log says so."""
+Slot = NewType("Slot", int)
+"""An ingress instance's inbox partition: where its replies and pushes go."""
+ConnId = NewType("ConnId", str)
+"""A WebSocket connection's id at the ingress instance holding it."""
 
 
 class InvalidId(ValueError):

@@ -49,7 +49,7 @@ class Event:
     kind: str
     """`changed`, `read`, `subscribed` or `deleted` (see `relay_queues.delivery.Deliveries`)."""
     queue: ids.QueueId
-    lsn: int
+    lsn: ids.Lsn
     head: Head | None = None
     subscriber: Subscriber | None = None
 
@@ -58,9 +58,9 @@ class Event:
 class QueueOutcome(Outcome):
     """An answer (`relay_durable.outcome.Outcome`), and what must happen before it is sent."""
 
-    lsn: int | None = None
+    lsn: ids.Lsn | None = None
     """Journal lsn that must be durable before answering."""
-    seq: int | None = None
+    seq: ids.Seq | None = None
     """Store-log sequence that must be durable before answering."""
     events: list[Event] = field(default_factory=list)
 
@@ -90,8 +90,8 @@ class QueueRules:
     def quota(self) -> int:
         return self.journal.settings.max_queue_messages
 
-    def _lsn(self) -> int:
-        return self.journal.wal.written_lsn
+    def _lsn(self) -> ids.Lsn:
+        return ids.Lsn(self.journal.wal.written_lsn)
 
     def _recipient(self, queue: str, signed: Signed) -> QueueRecord | None:
         record = self.store.queues.get(queue)
@@ -123,7 +123,7 @@ class QueueRules:
         if self.store.by_sender(sender) is not None:
             return refused(503, "UNAVAILABLE", "id collision; retry")
         record = QueueRecord(queue, sender, recipient_key, self.quota, now_ms, now_ms)
-        return QueueOutcome(201, answer, seq=self.store.new(record))
+        return QueueOutcome(201, answer, seq=ids.Seq(self.store.new(record)))
 
     def send(
         self, sender: ids.SenderId, msg_id: str, body: bytes, ttl_s: int | None, now_ms: int
@@ -139,8 +139,10 @@ class QueueRules:
             return QueueOutcome(201, {"msg_id": msg_id, "ts": first_ts}, lsn=self._lsn())
         ttl_ms = (ttl_s if ttl_s is not None else self.default_ttl_s) * 1000
         try:
-            lsn = self.journal.write(
-                queue, ids.id_bytes(msg_id), body, ts_ms=now_ms, expires_ms=now_ms + ttl_ms
+            lsn = ids.Lsn(
+                self.journal.write(
+                    queue, ids.id_bytes(msg_id), body, ts_ms=now_ms, expires_ms=now_ms + ttl_ms
+                )
             )
         except journal_errors.QuotaExceeded:
             # The first refusal appended the marker: it must be durable, and delivery told.
@@ -196,17 +198,17 @@ class QueueRules:
         record = self._recipient(queue, signed)
         if record is None:
             return AUTH_REFUSED
-        lsn = self.journal.suspend(queue)
+        lsn = ids.Lsn(self.journal.suspend(queue))
         seq = None
         if record.status != "suspended":
-            seq = self.store.set_status(queue, "suspended", now_ms)
+            seq = ids.Seq(self.store.set_status(queue, "suspended", now_ms))
         return QueueOutcome(200, {}, lsn=lsn, seq=seq)
 
     def delete(self, queue: ids.QueueId, signed: Signed) -> QueueOutcome:
         if self._recipient(queue, signed) is None:
             return AUTH_REFUSED
-        lsn = self.journal.delete(queue)
-        seq = self.store.delete(queue)
+        lsn = ids.Lsn(self.journal.delete(queue))
+        seq = ids.Seq(self.store.delete(queue))
         return QueueOutcome(204, lsn=lsn, seq=seq, events=[Event("deleted", queue, lsn)])
 
     def subscribe(

@@ -26,6 +26,7 @@ from relay_bus import schemas
 from relay_bus.bus import Bus
 from relay_durable.batching import BatchLoop
 from relay_journal.aio import AsyncJournal
+from relay_queues import ids
 from relay_storelog.aio import AsyncStoreLog
 
 log = structlog.get_logger(__name__)
@@ -38,7 +39,7 @@ class Send:
     partition: int
 
 
-_Put = tuple[int | None, int | None, list[Send]]
+_Put = tuple[ids.Lsn | None, ids.Seq | None, list[Send]]
 """(lsn, seq, sends) of one `put`: a plain tuple, made once per command (a NamedTuple cost
 ~0.2 µs more per put)."""
 
@@ -51,7 +52,7 @@ class Outbox:
         self._loop: BatchLoop[_Put] = BatchLoop(self._send_when_durable, "outbox")
         self._loop.start()
 
-    def put(self, lsn: int | None, seq: int | None, sends: list[Send]) -> None:
+    def put(self, lsn: ids.Lsn | None, seq: ids.Seq | None, sends: list[Send]) -> None:
         if sends and not self._loop.put((lsn, seq, sends)):
             log.warning("outbox_closed", dropped=len(sends))
 
