@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from relay_streams import sites
+from relay_ds.info import Replica, SiteShard, Transition, render_info
 from relay_streams.errors import (
     BadInput,
     BadToken,
@@ -534,15 +534,22 @@ def test_replica_sets_are_validated_and_recorded(store: StreamStore) -> None:
     store.join("m", peer)
     info = store.storage("m")
     assert [s.id for s in info.shards] == ["0", "1"]
-    assert info.shards[0].replicas == [sites.Replica(here, "up")]
-    assert info.shards[0].transitions == [sites.Transition(peer, "joining")]
-    assert store.site_info(peer).shards[1] == sites.SiteShard("m", "1", "joining")
-    assert not store.site_info(peer).up
+    assert info.shards[0].replicas == [Replica(here, "up")]
+    assert info.shards[0].transitions == [Transition(peer, "joining")]
+    assert store.view().site(peer).shards[1] == SiteShard("m", "1", transition="joining")
+    assert not store.view().site(peer).up
+    described = store.description("retainer-3", [3, 7], lambda shard: 3 * 1024 + shard)
+    assert (described.site, described.node, described.partitions) == (here, "retainer-3", [3, 7])
+    assert [k.site for k in described.sites] == sorted([here, peer])
+    (share,) = described.storages
+    assert (share.name, share.replicas) == ("m", [here, peer])
+    assert [s.id for s in share.shards] == ["3072", "3073"]  # as the retainer numbers them
+    assert share.shards[1].transitions == [Transition(peer, "joining")]
     with pytest.raises(BadInput, match="in the replica set of 'm'"):
         store.forget_site(peer)
     with pytest.raises(BadInput, match="this site"):
         store.forget_site(here)
-    text = sites.render_info(store.info())
+    text = render_info(store.info())
     assert text.startswith(f"THIS SITE:\n{here}\n\nSITES:\n")
     assert f"{peer}    'relay-retainer-1'" in text
     assert "down" in text
@@ -555,9 +562,9 @@ def test_replica_sets_are_validated_and_recorded(store: StreamStore) -> None:
     store.forget_site(peer)
     with pytest.raises(NotFound):
         store.forget_site(peer)
-    assert [s.site for s in store.list_sites()] == [here]
-    assert store.site_info(here).shards == [
-        sites.SiteShard("m", "0", "up"),
-        sites.SiteShard("m", "1", "up"),
+    assert [s.site for s in store.view().summaries()] == [here]
+    assert store.view().site(here).shards == [
+        SiteShard("m", "0", "up"),
+        SiteShard("m", "1", "up"),
     ]
     store.close()

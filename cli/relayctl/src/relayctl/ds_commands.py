@@ -2,8 +2,8 @@
 of the running suite, as EMQX's `emqx ctl ds ...` (seed 003).
 
 `ds info` prints THIS SITE (the site of the retainer owning partition 0), SITES and SHARDS
-exactly as `relay_streams.sites.render_info` lays them out, from the merged view of every
-retainer (`GET /ds/info`).
+exactly as `relay_ds.info.render_info` lays them out, from the merged view of every retainer
+(`GET /ds/info`, read back as the `relay_ds.info.DsInfo` the ingress answered with).
 """
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from pydantic import TypeAdapter
 
-from relay_streams import sites
+from relay_ds.info import DsInfo, render_info
 from relayctl import calls
 
 app = typer.Typer(help="Durable storage: sites and replica sets.", no_args_is_help=True)
@@ -24,29 +25,9 @@ Site = Annotated[str, typer.Argument(help="A site id (16 hex digits).")]
 TIMEOUT_S = 30.0
 
 
-def _shard(shard: dict[str, Any]) -> sites.ShardInfo:
-    return sites.ShardInfo(
-        shard["id"],
-        [sites.Replica(sites.SiteId(r["site"]), r["status"]) for r in shard["replicas"]],
-        [
-            sites.Transition(sites.SiteId(t["site"]), t["transition"])
-            for t in shard.get("transitions") or []
-        ],
-    )
-
-
-def render(info: dict[str, Any]) -> str:
-    """The text of `ds info` from `GET /ds/info`."""
-    return sites.render_info(
-        sites.DsInfo(
-            sites.SiteId(info["this_site"]),
-            [sites.SiteInfo(sites.SiteId(s["site"]), s["node"], s["up"]) for s in info["sites"]],
-            [
-                sites.StorageInfo(storage["name"], [_shard(s) for s in storage["shards"]])
-                for storage in info["storages"]
-            ],
-        )
-    )
+def render(body: Any) -> str:
+    """The text of `ds info` from the body of `GET /ds/info`."""
+    return render_info(TypeAdapter(DsInfo).validate_python(body))
 
 
 @app.command()

@@ -27,6 +27,8 @@ from pathlib import Path
 
 from rocksdict import WriteBatch
 
+from relay_ds import info as ds_info
+from relay_ds.sites import SiteId
 from relay_streams import catalog, sites
 from relay_streams.egress import Egress
 from relay_streams.errors import BadInput, BadToken, Closed, CorruptRecord, NotFound
@@ -87,7 +89,7 @@ class Database:
         path: Path,
         name: str,
         settings: DbSettings | None,
-        this_site: sites.SiteId,
+        this_site: SiteId,
         clock: Callable[[], int],
     ) -> None:
         self.path = path
@@ -442,13 +444,13 @@ class Database:
 
     # -- replicas --------------------------------------------------------------------------
 
-    def set_replicas(self, target: Sequence[sites.SiteId]) -> None:
+    def set_replicas(self, target: Sequence[SiteId]) -> None:
         """Record a validated replica set target (`sites.validate_target`)."""
         with self._lock:
             self.record.replicas.target = list(target)
             self.record.save(self._record_path)
 
-    def shard_infos(self) -> list[sites.ShardInfo]:
+    def shard_infos(self) -> list[ds_info.Shard]:
         with self._lock:
             return sites.shard_infos(self.record.replicas, len(self.shards), self.this_site)
 

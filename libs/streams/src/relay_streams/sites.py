@@ -8,6 +8,9 @@ them at join). Each database records a replica set: `target` (what the operator 
 site; a difference between the two is shown as pending transitions (`+SITE` joining, `-SITE`
 leaving), the way EMQX shows them while it moves shards.
 
+Site ids, targets and the `/ds` values are `relay_ds`'s (one shape from here to relayctl); this
+module keeps them on disk and refuses with `BadInput`.
+
 Invariants: `site.json` is written once and never changed; a site id is stored in upper case;
 a replica set is never empty and names only known sites; a site that is in any replica set
 cannot be forgotten.
@@ -15,25 +18,26 @@ cannot be forgotten.
 
 from __future__ import annotations
 
-import re
 import secrets
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NewType
+from typing import Any
 
+from relay_ds import sites as ds_sites
+from relay_ds.errors import Refused
+from relay_ds.info import DOWN, JOINING, LEAVING, UP, KnownSite, Replica, Shard, Transition
+from relay_ds.sites import SiteId
 from relay_streams import files
 from relay_streams.errors import BadInput, CorruptRecord, NotFound
-
-SiteId = NewType("SiteId", str)
-_SITE = re.compile(r"^[0-9A-F]{16}$")
 
 
 def parse_site(site: object) -> SiteId:
     """A site id in its stored form (upper case), or `BadInput`."""
-    if not isinstance(site, str) or not _SITE.match(site.upper()):
-        raise BadInput(f"a site id is 16 hex digits, got {site!r}")
-    return SiteId(site.upper())
+    try:
+        return ds_sites.parse_site(site)
+    except Refused as e:
+        raise BadInput(str(e)) from None
 
 
 def load_or_create_site(root: Path) -> SiteId:
@@ -49,13 +53,6 @@ def load_or_create_site(root: Path) -> SiteId:
 
 def _now() -> int:
     return time.time_ns() // 1_000_000
-
-
-@dataclass(frozen=True)
-class KnownSite:
-    site: SiteId
-    node: str
-    """The node (pod or host) that last registered the site; informative only."""
 
 
 class SiteRegistry:
@@ -132,91 +129,18 @@ def validate_target(sites: object, registry: SiteRegistry) -> list[SiteId]:
     """A new replica set target, or `BadInput` (unknown sites, empty, duplicates)."""
     if not isinstance(sites, list | tuple):
         raise BadInput("a replica set is a list of site ids")
-    parsed = [parse_site(s) for s in sites]
-    if not parsed:
-        raise BadInput("a replica set needs at least one site")
-    if len(set(parsed)) != len(parsed):
-        raise BadInput("a replica set names a site twice")
-    unknown = [s for s in parsed if s not in registry.sites]
-    if unknown:
-        raise BadInput(f"unknown sites: {', '.join(unknown)}")
+    try:
+        parsed = ds_sites.parse_target(sites)
+        ds_sites.check_known(parsed, registry.sites)
+    except Refused as e:
+        raise BadInput(str(e)) from None
     return parsed
 
 
-# -- what `GET /ds/...` and `relayctl ds info` show -------------------------------------------
-
-
-@dataclass(frozen=True)
-class Replica:
-    site: SiteId
-    status: str
-    """`up` (this site, serving), `down` (a recorded site that is not live here)."""
-
-
-@dataclass(frozen=True)
-class Transition:
-    site: SiteId
-    transition: str
-    """`joining` (in the target, not yet holding data) or `leaving`."""
-
-
-@dataclass(frozen=True)
-class ShardInfo:
-    id: str
-    """The shard number as a string (EMQX's shard ids are strings)."""
-    replicas: list[Replica]
-    transitions: list[Transition] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class StorageInfo:
-    name: str
-    shards: list[ShardInfo]
-
-
-@dataclass(frozen=True)
-class SiteShard:
-    storage: str
-    id: str
-    status: str
-    """The site's replica status (`up`, `down`) or its pending transition (`joining`,
-    `leaving`)."""
-
-
-@dataclass(frozen=True)
-class SiteInfo:
-    site: SiteId
-    node: str
-    up: bool
-    shards: list[SiteShard] = field(default_factory=list)
-    """Shards this site holds or is to hold (EMQX's `/ds/sites/:site`)."""
-
-
-@dataclass(frozen=True)
-class DsInfo:
-    this_site: SiteId
-    sites: list[SiteInfo]
-    storages: list[StorageInfo]
-
-
-def shard_infos(replicas: ReplicaSet, shards: int, this_site: SiteId) -> list[ShardInfo]:
-    statuses = [Replica(s, "up" if s == this_site else "down") for s in replicas.current]
-    transitions = [Transition(s, "joining") for s in replicas.target if s not in replicas.current]
-    transitions += [Transition(s, "leaving") for s in replicas.current if s not in replicas.target]
-    return [ShardInfo(str(i), list(statuses), list(transitions)) for i in range(shards)]
-
-
-def render_info(info: DsInfo) -> str:
-    """The text of `ds info`: THIS SITE, SITES and SHARDS sections laid out as EMQX prints them
-    (pending transitions follow the replicas as `+SITE` / `-SITE`)."""
-    lines = ["THIS SITE:", info.this_site, "", "SITES:"]
-    for site in info.sites:
-        lines.append(f"{site.site}    {site.node!r:<30}    {'up' if site.up else 'down'}")
-    lines += ["", "SHARDS:", f"{'Shard':<34}Replicas"]
-    for storage in info.storages:
-        for shard in storage.shards:
-            cells: list[str] = [r.site for r in shard.replicas]
-            for t in shard.transitions:
-                cells.append(("+" if t.transition == "joining" else "-") + t.site)
-            lines.append(f"{storage.name + '/' + shard.id:<34}{' '.join(cells)}")
-    return "\n".join(lines) + "\n"
+def shard_infos(replicas: ReplicaSet, shards: int, this_site: SiteId) -> list[Shard]:
+    """Each of a database's shards as `/ds` shows it: the sites holding it (`current`: this one
+    up, others down) and the pending transitions towards `target`."""
+    statuses = [Replica(s, UP if s == this_site else DOWN) for s in replicas.current]
+    transitions = [Transition(s, JOINING) for s in replicas.target if s not in replicas.current]
+    transitions += [Transition(s, LEAVING) for s in replicas.current if s not in replicas.target]
+    return [Shard(str(i), list(statuses), list(transitions)) for i in range(shards)]

@@ -6,7 +6,7 @@ Layout on disk (`root`):
 
 The facade takes database names, as EMQX's `emqx_ds` module does (`store_batch(db, ...)`,
 `get_streams(db, ...)`, ...), and hands each call to the open `Database`; it also answers what
-`/ds` and `relayctl ds` show (`info`, `storages`, `sites`, replica changes).
+`/ds` and `relayctl ds` show (`description`, `storages`, replica and site changes).
 
 Invariants:
 - a database is open at most once per store (RocksDB's lock also refuses a second process);
@@ -22,10 +22,14 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import structlog
 
+from relay_ds.info import Description, DsInfo, Storage, StorageShare
+from relay_ds.sites import SiteId
+from relay_ds.view import View
 from relay_streams import catalog, sites
 from relay_streams.database import Database, GenerationInfo
 from relay_streams.errors import BadInput, Closed, NotFound
@@ -161,7 +165,7 @@ class StreamStore:
 
     # -- sites and replicas (what /ds and `relayctl ds` show) -------------------------------
 
-    def this_site(self) -> sites.SiteId:
+    def this_site(self) -> SiteId:
         return self.site
 
     def _record(self, name: str) -> catalog.DbRecord:
@@ -177,38 +181,43 @@ class StreamStore:
     def storages(self) -> list[str]:
         return self.list_dbs()
 
-    def storage(self, name: str) -> sites.StorageInfo:
+    def storage(self, name: str) -> Storage:
         db = self._dbs.get(name)
         if db is not None:
-            return sites.StorageInfo(name, db.shard_infos())
+            return Storage(name, db.shard_infos())
         record = self._record(name)
         shards = sites.shard_infos(record.replicas, record.settings.shards, self.site)
-        return sites.StorageInfo(name, shards)
+        return Storage(name, shards)
 
-    def list_sites(self) -> list[sites.SiteInfo]:
-        infos = []
-        storages = [self.storage(name) for name in self.storages()]
-        for known in sorted(self.registry.sites.values(), key=lambda k: k.site):
-            held = []
-            for storage in storages:
-                for shard in storage.shards:
-                    statuses = [r.status for r in shard.replicas if r.site == known.site]
-                    statuses += [t.transition for t in shard.transitions if t.site == known.site]
-                    if statuses:  # leaving: both `up` and `leaving`; the transition says more
-                        held.append(sites.SiteShard(storage.name, shard.id, statuses[-1]))
-            infos.append(sites.SiteInfo(known.site, known.node, known.site == self.site, held))
-        return infos
+    def description(
+        self,
+        node: str,
+        partitions: Sequence[int],
+        shard_id: Callable[[int], int] = lambda shard: shard,
+    ) -> Description:
+        """What this site tells `/ds` of itself (`relay_ds.info.Description`): `node` and the
+        `partitions` its retainer owns (lowest first), the sites it knows, and each storage's
+        replica-set target and shards, numbered by `shard_id` (the retainer's are global)."""
+        storages = [
+            StorageShare(
+                name,
+                self.replicas(name),
+                [replace(s, id=str(shard_id(int(s.id)))) for s in self.storage(name).shards],
+            )
+            for name in self.storages()
+        ]
+        known = sorted(self.registry.sites.values(), key=lambda k: k.site)
+        return Description(self.site, node, list(partitions), known, storages)
 
-    def site_info(self, site: str) -> sites.SiteInfo:
-        wanted = self.registry.known(site)
-        return next(info for info in self.list_sites() if info.site == wanted)
+    def view(self) -> View:
+        """`/ds` of this store alone, as if its retainer were the only one."""
+        return View([self.description(self.registry.sites[self.site].node, [0])])
 
-    def info(self) -> sites.DsInfo:
-        """What `ds info` prints (`sites.render_info`)."""
-        storages = [self.storage(name) for name in self.storages()]
-        return sites.DsInfo(self.site, self.list_sites(), storages)
+    def info(self) -> DsInfo:
+        """What `ds info` prints of this store alone (`relay_ds.info.render_info`)."""
+        return self.view().info()
 
-    def register_site(self, site: str, node: str) -> sites.SiteId:
+    def register_site(self, site: str, node: str) -> SiteId:
         """Record another site (the operator does this when a site joins)."""
         return self.registry.register(site, node)
 
@@ -223,7 +232,7 @@ class StreamStore:
                 raise BadInput(f"site {wanted} is in the replica set of {name!r}")
         self.registry.forget(wanted)
 
-    def replicas(self, name: str) -> list[sites.SiteId]:
+    def replicas(self, name: str) -> list[SiteId]:
         """The replica set target of a database."""
         return list(self._record(name).replicas.target)
 

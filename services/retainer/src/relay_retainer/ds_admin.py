@@ -1,7 +1,7 @@
 """The retainer's share of the `/ds` admin API: what its stream store knows (its site, the
-sites it has registered, each database's replica set and shards), and replica-set and site
-changes. Each retainer instance is one site; the ingress gathers every retainer's description
-and merges them (`relay_ingress.ds_admin`).
+sites it has registered, each database's replica set and shards, `relay_ds.info.Description`),
+and replica-set and site changes. Each retainer instance is one site; the ingress gathers every
+retainer's description and merges them (`relay_ds.view`).
 
 Blocking functions (JSON files with fsync): the caller runs them in a worker thread, one at a
 time per process (they read and write `sites.json` and `db.json`).
@@ -15,44 +15,26 @@ Invariants:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from pydantic import TypeAdapter
+
 from relay_bus import routing
+from relay_ds.info import Description
 from relay_streams import sites
 from relay_streams.errors import BadInput
 from relay_streams.store import StreamStore
 
+_DESCRIPTION = TypeAdapter(Description)
+
 
 def describe(store: StreamStore, node: str, owned: Sequence[int]) -> dict[str, Any]:
-    owner = owned[0]
-    storages = []
-    for name in store.storages():
-        info = store.storage(name)
-        storages.append(
-            {
-                "name": name,
-                "replicas": list(store.replicas(name)),
-                "shards": [
-                    {
-                        "id": str(routing.global_shard(owner, int(shard.id))),
-                        "replicas": [{"site": r.site, "status": r.status} for r in shard.replicas],
-                        "transitions": [
-                            {"site": t.site, "transition": t.transition} for t in shard.transitions
-                        ],
-                    }
-                    for shard in info.shards
-                ],
-            }
-        )
-    known = sorted(store.registry.sites.values(), key=lambda k: k.site)
-    return {
-        "site": store.this_site(),
-        "node": node,
-        "partitions": list(owned),
-        "sites": [{"site": k.site, "node": k.node} for k in known],
-        "storages": storages,
-    }
+    """The store's `Description` as the data of the `describe` answer."""
+    description = store.description(node, owned, functools.partial(routing.global_shard, owned[0]))
+    data: dict[str, Any] = _DESCRIPTION.dump_python(description, mode="json")
+    return data
 
 
 def _register(store: StreamStore, peers: Mapping[str, str]) -> None:
