@@ -2,10 +2,11 @@
 (`relay_bus.routing`), answer with what it says.
 
 Routing: a topic's messages live with the retainer owning `partition_of_topic(topic)`; a write
-is split by partition, each part sent to its partition, and answered 201 once every part is
-durable. `streams` asks every partition and merges the answers in rank order (each retainer's
-ranks and stream strings already name its lowest partition, so they never collide). Stream and
-iterator strings are `<partition>.<store token>`: `iterators` and `next` go to that partition.
+is checked and split by partition (`relay_ds.batches`), each part sent to its partition, and
+answered 201 once every part is durable. `streams` asks every partition and merges the answers
+in rank order (each retainer's ranks and stream strings already name its lowest partition, so
+they never collide). Stream and iterator strings are `<partition>.<store token>`: `iterators`
+and `next` go to that partition.
 
 Invariants:
 - nothing reaches Kafka before the request is well-formed: database name, topics, filters,
@@ -17,18 +18,18 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-from collections import defaultdict
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Body, Path, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from relay_bus import routing
+from relay_ds import batches
+from relay_ds.errors import Refused, TooLarge
 from relay_ingress import asking
-from relay_ingress.checks import B64U_PATTERN, bad, parse_filter, parse_topic
+from relay_ingress.checks import B64U_PATTERN, bad, parse_filter
 from relay_ingress.context import Context, Ctx
 from relay_ingress.errors import ApiError, documented
-from relay_queues import ids
 from relay_streams import catalog
 from relay_streams.errors import BadToken
 from relay_streams.model import Stream, StreamIterator
@@ -127,33 +128,24 @@ async def store(
 ) -> Stored:
     """Store a batch; 201 once every message is durable (fsynced at its retainer)."""
     config = ctx.config
-    if not messages:
-        raise bad("a batch needs at least one message")
-    if len(messages) > config.ds_max_batch_messages:
-        raise ApiError(
-            413, "TOO_LARGE", f"over {config.ds_max_batch_messages} messages in one batch"
-        )
-    parts: dict[int, list[dict[str, Any]]] = defaultdict(list)
-    total = 0
-    for i, message in enumerate(messages):
-        parse_topic(message.topic, f"{i}.topic")
-        try:
-            size = len(ids.unb64u(message.payload))
-        except ValueError:
-            raise bad(f"{i}.payload: not base64url") from None
-        if size > config.max_body_bytes:
-            raise ApiError(413, "TOO_LARGE", f"{i}.payload: over {config.max_body_bytes} bytes")
-        total += size + len(message.topic.encode())
-        partition = routing.partition_of_topic(message.topic, config.kafka.partitions)
-        parts[partition].append(message.model_dump())
-    if total > config.ds_max_batch_bytes:
-        raise ApiError(
-            413, "TOO_LARGE", f"batch over {config.ds_max_batch_bytes} bytes of topics and payloads"
-        )
+    limits = batches.BatchLimits(
+        messages=config.ds_max_batch_messages,
+        bytes=config.ds_max_batch_bytes,
+        payload_bytes=config.max_body_bytes,
+    )
+    partitions = config.kafka.partitions
+    try:
+        parts = batches.split(messages, limits, lambda t: routing.partition_of_topic(t, partitions))
+    except TooLarge as error:
+        raise ApiError(413, "TOO_LARGE", str(error)) from None
+    except Refused as error:
+        raise bad(str(error)) from None
     await asyncio.gather(
         *(
-            asking.retainer(ctx, partition, op="store", db=db, messages=part)
-            for partition, part in sorted(parts.items())
+            asking.retainer(
+                ctx, partition, op="store", db=db, messages=[m.model_dump() for m in part]
+            )
+            for partition, part in parts.items()
         )
     )
     return Stored(stored=len(messages))
