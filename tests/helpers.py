@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import shutil
 import signal
@@ -55,6 +56,10 @@ def port_free(port: int) -> bool:
         return True
 
 
+class PortTakenError(RuntimeError):
+    pass
+
+
 class KafkaCluster:
     """Apache Kafka nodes (one, or three for replication) from the pinned jars, under `root`,
     on fixed loopback ports: a node can be SIGKILLed and started again on the same ports with
@@ -77,7 +82,23 @@ class KafkaCluster:
         return self.root / f"kafka-{node_id}.log"
 
     def start(self, *node_ids: int, timeout_s: float = 60.0) -> None:
-        """Start the given nodes (all by default) and wait until each serves."""
+        """Start the given nodes (all by default) and wait until each serves. A first start
+        that loses a port race (another process took a port between our pick and the node's
+        bind) starts every node again on fresh ports."""
+        for attempt in range(3):
+            try:
+                self._start(*node_ids, timeout_s=timeout_s)
+                return
+            except PortTakenError:
+                if node_ids or attempt == 2:
+                    raise
+                self.kill()
+                self.nodes = [
+                    dataclasses.replace(node, port=free_port(), controller_port=free_port())
+                    for node in self.nodes
+                ]
+
+    def _start(self, *node_ids: int, timeout_s: float) -> None:
         chosen = [n for n in self.nodes if not node_ids or n.node_id in node_ids]
         offsets = {}
         for node in chosen:
@@ -97,7 +118,8 @@ class KafkaCluster:
                 process = self.processes[node.node_id]
                 if process.poll() is not None or time.monotonic() > deadline:
                     tail = self.log_path(node.node_id).read_text(errors="replace")[-3000:]
-                    raise RuntimeError(f"Kafka node {node.node_id} did not start:\n{tail}")
+                    error = PortTakenError if kafka_broker.failed_to_bind(tail) else RuntimeError
+                    raise error(f"Kafka node {node.node_id} did not start:\n{tail}")
                 time.sleep(0.05)
 
     def _logged_ready(self, node_id: int, offset: int) -> bool:

@@ -3,11 +3,13 @@ anything else is refused with one line before a JVM starts the broker."""
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pytest
 
 from relayctl import kafka_broker
+from tests import helpers
 
 
 def _node(tmp_path: Path, node_id: int = 1) -> kafka_broker.Node:
@@ -67,3 +69,17 @@ def test_three_voters_replicate_three_ways_with_two_in_sync() -> None:
     assert lines["default.replication.factor"] == "3"
     assert lines["min.insync.replicas"] == "2"
     assert lines["auto.create.topics.enable"] == "false"
+
+
+def test_a_port_taken_before_the_node_binds_it_is_recognised_and_avoided(tmp_path: Path) -> None:
+    cluster = helpers.KafkaCluster(tmp_path)
+    taken = cluster.nodes[0].port
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", taken))
+        squatter.listen()
+        try:
+            cluster.start()  # fails to bind, says so, starts again on fresh ports
+            assert cluster.nodes[0].port != taken
+            assert kafka_broker.failed_to_bind(cluster.log_path(1).read_text())
+        finally:
+            cluster.kill()

@@ -27,6 +27,14 @@ earlier, so an open port is not readiness."""
 
 HEAP = "512m"
 
+BIND_FAILURES = ("Socket server failed to bind", "Unable to start acceptor")
+"""Logged when a port chosen as free was taken before the node bound it: start again on others."""
+
+
+def failed_to_bind(log_text: str) -> bool:
+    return any(text in log_text for text in BIND_FAILURES)
+
+
 _LOG4J2 = """\
 status = warn
 appender.out.type = Console

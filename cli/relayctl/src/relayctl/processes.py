@@ -73,16 +73,18 @@ class Child:
             return ""
         return lines[-1] if lines else ""
 
-    def logged_ready(self) -> bool:
-        """`ready_text` appears in what this run of the child logged (True if none is set)."""
-        if self.ready_text is None:
-            return True
+    def log_since_start(self) -> str:
+        """What this run of the child has logged so far."""
         try:
             with self.log_path.open("rb") as log:
                 log.seek(self._log_start)
-                return self.ready_text.encode() in log.read()
+                return log.read().decode(errors="replace")
         except OSError:
-            return False
+            return ""
+
+    def logged_ready(self) -> bool:
+        """`ready_text` appears in what this run of the child logged (True if none is set)."""
+        return self.ready_text is None or self.ready_text in self.log_since_start()
 
     def signal(self, sig: signal.Signals) -> None:
         if self.process is not None and self.process.poll() is None:

@@ -17,6 +17,7 @@ Invariants:
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import sys
@@ -173,16 +174,14 @@ class Suite:
         return code
 
     def _start_infrastructure(self) -> None:
-        if self.broker is not None and self.kafka_node is not None:
-            try:
-                self.broker.command = kafka_broker.prepare(self.kafka_node, [self.kafka_node])
-            except kafka_broker.KafkaSetupError as error:
-                raise SuiteFailedError(str(error)) from None
+        self._prepare_broker()
         for child in self.infrastructure:
             child.start()
         deadline = time.monotonic() + INFRASTRUCTURE_BUDGET_S
         for child in self.infrastructure:
             while not (processes.port_open(self.options.host, child.port) and child.logged_ready()):
+                if child is self.broker and self._broker_lost_a_port_race():
+                    continue
                 self._check_alive(child)
                 if time.monotonic() > deadline:
                     raise SuiteFailedError(
@@ -190,6 +189,36 @@ class Suite:
                         f"{INFRASTRUCTURE_BUDGET_S:g} s; see {child.log_path}"
                     )
                 time.sleep(0.05)
+
+    def _prepare_broker(self) -> None:
+        if self.broker is not None and self.kafka_node is not None:
+            try:
+                self.broker.command = kafka_broker.prepare(self.kafka_node, [self.kafka_node])
+            except kafka_broker.KafkaSetupError as error:
+                raise SuiteFailedError(str(error)) from None
+
+    def _broker_lost_a_port_race(self) -> bool:
+        """The broker exited because a port picked as free was taken before it bound it: start
+        it again on fresh ports (the services, not started yet, get the new address)."""
+        broker, node = self.broker, self.kafka_node
+        assert broker is not None
+        assert node is not None
+        if broker.exit_code() is None or len(broker.restarts) >= 3:
+            return False
+        if not kafka_broker.failed_to_bind(broker.log_since_start()):
+            return False
+        host = self.options.host
+        self.kafka_node = dataclasses.replace(
+            node, port=processes.free_port(host), controller_port=processes.free_port(host)
+        )
+        broker.port = self.kafka_node.port
+        broker.restarts.append(time.monotonic())
+        self.bootstrap = self.kafka_node.bootstrap
+        for service in self.services:
+            service.env["RELAY_KAFKA__BOOTSTRAP_SERVERS"] = self.bootstrap
+        self._prepare_broker()
+        broker.start()
+        return True
 
     def _check_alive(self, child: processes.Child) -> None:
         code = child.exit_code()
