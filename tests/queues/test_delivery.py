@@ -132,3 +132,12 @@ def test_forget_drops_selected_queues() -> None:
         d.subscribed(q, 1, None, Subscriber(0, "c"))
     d.forget(lambda q: q == "a")
     assert (d.subscriber("a"), d.subscriber("b")) == (None, Subscriber(0, "c"))
+
+
+def test_a_push_of_the_message_just_acknowledged_is_recognised() -> None:
+    from relay_queues.delivery import Head, acked_already
+
+    head = Head("m1", 1)
+    assert acked_already(head, "m1")
+    assert not acked_already(head, "m0")
+    assert not acked_already(head, None)

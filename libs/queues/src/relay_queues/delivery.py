@@ -45,6 +45,12 @@ class Head:
         return {"msg_id": self.msg_id, "ts": self.ts, "body": self.body}
 
 
+def acked_already(head: Head, last_acked: str | None) -> bool:
+    """A push of the message this connection has just acknowledged: delivery sent it before the
+    ACK's event reached it. The ingress drops it; the next push brings the next message."""
+    return head.msg_id == last_acked
+
+
 class Frame(Enum):
     MSG = "MSG"
     END = "END"

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
-import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,7 +30,8 @@ from starlette.websockets import WebSocket, WebSocketState
 
 from relay_bus import schemas, topics
 from relay_bus.bus import Bus
-from relay_queues import ids
+from relay_queues import delivery, ids
+from relay_routes import limits as rate_limits
 from relay_routes.subscriptions import Subscriptions
 from relay_routes.topic_subscriptions import TopicSubscriptions
 from relay_topics import rules as topic_rules
@@ -46,25 +46,6 @@ class Limits:
     frame_burst: int
     max_frame_bytes: int
     commands_in_flight: int
-
-
-class Bucket:
-    """Token bucket: `rate` tokens per second, at most `burst` saved up."""
-
-    def __init__(self, rate: float, burst: int) -> None:
-        self.rate = rate
-        self.burst = burst
-        self.tokens = float(burst)
-        self.at = time.monotonic()
-
-    def take(self) -> bool:
-        now = time.monotonic()
-        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
-        self.at = now
-        if self.tokens < 1:
-            return False
-        self.tokens -= 1
-        return True
 
 
 @dataclass
@@ -88,7 +69,7 @@ class Connection:
         self.id = secrets.token_urlsafe(12)
         self.ws = ws
         self.address = address
-        self.bucket = Bucket(limits.frames_per_s, limits.frame_burst)
+        self.bucket = rate_limits.Bucket(limits.frames_per_s, limits.frame_burst)
         self.commands = asyncio.Semaphore(limits.commands_in_flight)
         self.subscriptions: dict[str, Subscription] = {}
         self.filters: dict[str, TopicFilter] = {}
@@ -308,7 +289,7 @@ class Connections:
             frame: dict[str, Any] = {"type": "END", "queue": record.queue}
         else:
             head = record.head
-            if head is None or head.msg_id == subscription.last_acked:
+            if head is None or delivery.acked_already(head, subscription.last_acked):
                 return
             frame = {"type": "MSG", "queue": record.queue, **head.frame()}
         if subscription.ready or record.frame == "END":

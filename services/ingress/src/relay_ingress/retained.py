@@ -33,7 +33,7 @@ from relay_ingress.checks import B64U_PATTERN, bad, parse_filter, parse_topic
 from relay_ingress.context import Context, Ctx
 from relay_ingress.errors import ApiError, documented
 from relay_queues import ids
-from relay_routes import guards
+from relay_routes import limits
 from relay_topics import pages
 from relay_topics import rules as topic_rules
 
@@ -110,7 +110,7 @@ async def _rate_limited(ctx: Context, address: str) -> None:
     """At most `publish_per_s` publishes per client address per second, across every ingress
     instance (a Redis counter per address and second)."""
     try:
-        count = await guards.count_publish(ctx.redis, address, int(time.time()))
+        count = await limits.count_publish(ctx.redis, address, int(time.time()))
     except RedisError:
         raise ApiError(503, "UNAVAILABLE", "rate limit state unavailable; retry") from None
     if count > ctx.config.publish_per_s:
