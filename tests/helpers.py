@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 import psutil
 
+from relay_bus import schemas
 from relay_bus.config import KafkaSettings
 from relayctl import embedded, kafka_broker, processes, state
 
@@ -185,6 +186,33 @@ class Kafka:
 
     def start(self) -> None:
         self.cluster.start()
+
+
+@dataclass
+class RecordingBus:
+    """Stands in for `relay_bus.bus.Bus` where a service's handler hands records on, for
+    in-process tests of the handlers (the suite tests cross real Kafka)."""
+
+    epoch: str = "epoch-1"
+    end: int = 0
+    """What `end_offsets` answers for every partition."""
+    posted: list[tuple[str, schemas.Record, int | None]] = field(default_factory=list)
+
+    def post(self, topic: str, record: schemas.Record, *, partition: int | None = None) -> None:
+        schemas.check_topic(record, topic)
+        self.posted.append((topic, record, partition))
+
+    async def send(
+        self, topic: str, record: schemas.Record, *, partition: int | None = None
+    ) -> tuple[int, int]:
+        self.post(topic, record, partition=partition)
+        return partition or 0, len(self.posted) - 1
+
+    async def end_offsets(self, topic: str, partitions: list[int]) -> dict[int, int]:
+        return dict.fromkeys(partitions, self.end)
+
+    def replies(self) -> dict[str, schemas.QueueReply]:
+        return {r.id: r for _, r, _ in self.posted if isinstance(r, schemas.QueueReply)}
 
 
 @contextmanager

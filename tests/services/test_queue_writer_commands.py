@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -19,29 +18,9 @@ from relay_queue_writer.commands import Commands
 from relay_queue_writer.stores import Stores
 from relay_queues import auth, ids
 from relay_runtime.readiness import Readiness
+from tests.helpers import RecordingBus
 
 PARTITIONS = 4
-
-
-@dataclass
-class RecordingBus:
-    """Stands in for `relay_bus.bus.Bus` where the handler hands records on."""
-
-    epoch: str = "epoch-1"
-    posted: list[tuple[str, schemas.Record, int | None]] = field(default_factory=list)
-
-    def post(self, topic: str, record: schemas.Record, *, partition: int | None = None) -> None:
-        schemas.check_topic(record, topic)
-        self.posted.append((topic, record, partition))
-
-    async def send(
-        self, topic: str, record: schemas.Record, *, partition: int | None = None
-    ) -> tuple[int, int]:
-        self.post(topic, record, partition=partition)
-        return partition or 0, len(self.posted) - 1
-
-    def replies(self) -> dict[str, schemas.QueueReply]:
-        return {r.id: r for _, r, _ in self.posted if isinstance(r, schemas.QueueReply)}
 
 
 def _routing(request_id: str, deadline_s: float = 60) -> dict[str, object]:
@@ -56,7 +35,7 @@ def _routing(request_id: str, deadline_s: float = 60) -> dict[str, object]:
 class Writer:
     def __init__(self, tmp_path: Path, bus: RecordingBus) -> None:
         self.stores = Stores(tmp_path, Readiness(), 0, repair=False)
-        self.commands = Commands(bus, self.stores, PARTITIONS, 3600)  # type: ignore[arg-type]
+        self.commands = Commands(bus, self.stores, PARTITIONS, 3600)
         self.bus = bus
         self.offsets: dict[int, int] = {}
 
