@@ -214,6 +214,15 @@ class RecordingBus:
     def replies(self) -> dict[str, schemas.QueueReply]:
         return {r.id: r for _, r, _ in self.posted if isinstance(r, schemas.QueueReply)}
 
+    def ds_replies(self, request_id: str) -> list[tuple[schemas.DsReply, int | None]]:
+        """The `ds_reply` records answering `request_id` (only ever posted to
+        `relay.ingress.inbox`, `post` checks), in the order posted, each with its partition."""
+        return [
+            (r, part)
+            for _, r, part in self.posted
+            if isinstance(r, schemas.DsReply) and r.id == request_id
+        ]
+
 
 @contextmanager
 def redis_server(tmp: Path) -> Iterator[str]:
