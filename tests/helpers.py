@@ -128,9 +128,6 @@ class KafkaCluster:
             log.seek(offset)
             return kafka_broker.READY_TEXT.encode() in log.read()
 
-    def pid(self, node_id: int) -> int:
-        return self.processes[node_id].pid
-
     def kill(self, *node_ids: int) -> None:
         """SIGKILL the given nodes (all by default)."""
         for node_id in node_ids or list(self.processes):

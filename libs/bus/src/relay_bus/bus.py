@@ -206,12 +206,13 @@ class Bus:
         """Describe topics, waiting out the moment after another process created one, when a
         broker answers for it with an error or no partitions yet."""
         assert self._admin is not None
-        for _ in range(DESCRIBE_TRIES - 1):
+        for attempt in range(DESCRIBE_TRIES):
             described: list[dict[str, Any]] = await self._admin.describe_topics(names)
-            if all(d["error_code"] == 0 and d["partitions"] for d in described):
-                return described
+            if attempt == DESCRIBE_TRIES - 1 or all(
+                d["error_code"] == 0 and d["partitions"] for d in described
+            ):
+                break
             await asyncio.sleep(DESCRIBE_RETRY_S)
-        described = await self._admin.describe_topics(names)
         for d in described:
             if d["error_code"] != 0:
                 raise clients.KafkaError(f"describing {d['topic']} failed: {d['error_code']}")

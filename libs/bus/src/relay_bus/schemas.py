@@ -10,7 +10,7 @@ Invariants:
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
@@ -164,17 +164,7 @@ QueueCommand = (
 )
 RecipientCommand = ReadInfo | ReadHead | AckMessage | SuspendQueue | DeleteQueue | SubscribeQueue
 _QUEUE_COMMANDS: dict[str, type[_QueueCommand]] = {
-    cls.model_fields["op"].default: cls
-    for cls in (
-        CreateQueue,
-        SendMessage,
-        ReadInfo,
-        ReadHead,
-        AckMessage,
-        SuspendQueue,
-        DeleteQueue,
-        SubscribeQueue,
-    )
+    cls.model_fields["op"].default: cls for cls in get_args(QueueCommand)
 }
 
 
