@@ -24,15 +24,12 @@ from fastapi import APIRouter, Body, Path, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from relay_bus import routing
-from relay_ds import batches
-from relay_ds.errors import Refused, TooLarge
+from relay_ds import batches, tokens
+from relay_ds.errors import BadToken, Refused, TooLarge
 from relay_ingress import asking
 from relay_ingress.checks import B64U_PATTERN, bad, parse_filter
 from relay_ingress.context import Context, Ctx
 from relay_ingress.errors import ApiError, documented
-from relay_streams import catalog
-from relay_streams.errors import BadToken
-from relay_streams.model import Stream, StreamIterator
 from relay_topics import rules as topic_rules
 
 router = APIRouter(
@@ -44,7 +41,7 @@ MAX_TS_JSON = 2**53 - 1  # ms, ~ year 287,000
 numbers as doubles (the store itself takes up to 2**63 - 1)."""
 MAX_NEXT = 1000
 """Most messages one `next` may ask for (an answer may also stop earlier, by size)."""
-DbPath = Annotated[str, Path(pattern=catalog.NAME_PATTERN, description="database name")]
+DbPath = Annotated[str, Path(pattern=tokens.NAME_PATTERN, description="database name")]
 Ts = Annotated[int, Field(ge=0, le=MAX_TS_JSON, description="Unix ms")]
 
 
@@ -103,7 +100,7 @@ def _addressed(ctx: Context, text: str, what: str) -> tuple[int, str]:
 def _stream_token(ctx: Context, db: str, text: str) -> tuple[int, str]:
     partition, inner = _addressed(ctx, text, "stream")
     try:
-        stream = Stream.from_token(inner)
+        stream = tokens.Stream.from_token(inner)
     except BadToken as error:
         raise bad(f"stream: {error}") from None
     if stream.db != db:
@@ -114,7 +111,7 @@ def _stream_token(ctx: Context, db: str, text: str) -> tuple[int, str]:
 def _iterator_token(ctx: Context, db: str, text: str) -> tuple[int, str]:
     partition, inner = _addressed(ctx, text, "iterator")
     try:
-        iterator = StreamIterator.from_token(inner)
+        iterator = tokens.StreamIterator.from_token(inner)
     except BadToken as error:
         raise bad(f"iterator: {error}") from None
     if iterator.stream.db != db:
