@@ -159,11 +159,28 @@ class Connections:
     def partition(self, queue: str) -> int:
         return ids.partition_of(queue, self.partitions)
 
-    async def subscribing(self, conn: Connection, queue: str) -> None:
-        """Before the SUB command: route the queue's frames to `conn` (held until `ready`)."""
+    async def subscribing(self, conn: Connection, queue: str) -> Subscription | None:
+        """Before the SUB command: route the queue's frames to `conn` (held until `ready`).
+        Returns the subscription `conn` held already, for `refused`."""
         assert self.slot is not None
+        held = conn.subscriptions.get(queue)
         conn.subscriptions[queue] = Subscription()
         await self.subscriptions.add(self.partition(queue), queue, self.slot, conn.id)
+        return held
+
+    async def refused(self, conn: Connection, queue: str, held: Subscription | None) -> None:
+        """The SUB after `subscribing` was refused: undo it. A subscription `conn` held before
+        stays (a refused command changes nothing), with the frames that came meanwhile."""
+        if held is None:
+            await self.unsubscribe(conn, queue)
+            return
+        attempt = conn.subscriptions.get(queue)
+        conn.subscriptions[queue] = held
+        if attempt is not None and held.ready:
+            for frame in attempt.waiting:
+                conn.queue_frame(frame)
+        elif attempt is not None:
+            held.waiting.extend(attempt.waiting)
 
     def subscribed(self, conn: Connection, queue: str, reply: dict[str, Any]) -> None:
         """The SUB was accepted: its `ok`, then the frames that came meanwhile."""

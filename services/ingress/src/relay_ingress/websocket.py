@@ -142,8 +142,6 @@ class Session:
         try:
             reply = await self._command(command)
         except (ApiError, BusUnavailableError) as error:
-            if isinstance(command, Sub):
-                await self.connections.unsubscribe(self.conn, command.queue)
             reply = _error(command.id, *_refusal(error))
         except RedisError:
             reply = _error(command.id, "UNAVAILABLE", "routing state unavailable; retry")
@@ -220,18 +218,22 @@ class Session:
         if isinstance(command, Sub):
             if not await guards.first_use(self.ctx.redis, signature, 2 * auth.SKEW_S):
                 raise ApiError(401, "AUTH", "signature already used")
-            await self.connections.subscribing(self.conn, command.queue)
-            await asking.command(
-                self.ctx,
-                partition,
-                wait_s,
-                schemas.SubscribeQueue,
-                queue=command.queue,
-                signed=auth.sub_text(command.queue, ts),
-                sig=command.sig,
-                slot=self.connections.slot,
-                conn=self.conn.id,
-            )
+            held = await self.connections.subscribing(self.conn, command.queue)
+            try:
+                await asking.command(
+                    self.ctx,
+                    partition,
+                    wait_s,
+                    schemas.SubscribeQueue,
+                    queue=command.queue,
+                    signed=auth.sub_text(command.queue, ts),
+                    sig=command.sig,
+                    slot=self.connections.slot,
+                    conn=self.conn.id,
+                )
+            except (ApiError, BusUnavailableError):
+                await self.connections.refused(self.conn, command.queue, held)
+                raise
         else:
             await asking.command(
                 self.ctx,
