@@ -75,6 +75,9 @@ def build(config: IngressSettings) -> tuple[FastAPI, BusLifecycle]:
         summary="Durable message relay: queues, retained messages, durable streams.",
         version="0.1.0",
         routes=probe_routes(readiness),
+        # Relay exports Prometheus metrics, not OpenTelemetry: FastAPI's native telemetry
+        # otherwise looks the providers up (and reads the environment) on every request.
+        telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     app.state.context = Context(
         config=config, bus=bus, inbox=inbox, redis=redis, connections=connections
