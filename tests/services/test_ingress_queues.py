@@ -212,7 +212,7 @@ async def test_a_refused_request_sends_nothing(tmp_path: Path, redis_url: str) -
             BAD,
         ),
         "unknown route": ("GET", "/v1/nowhere", {}, (404, "NOT_FOUND")),
-        "wrong method": ("PUT", "/v1/queues", {}, (405, "BAD_REQUEST")),
+        "wrong method": ("PUT", "/v1/queues", {}, (405, "METHOD_NOT_ALLOWED")),
     }
     async with Relay(tmp_path, redis_url, max_body_bytes=64) as relay:
         for what, (method, path, kwargs, expected) in cases.items():

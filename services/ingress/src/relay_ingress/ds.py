@@ -21,13 +21,13 @@ import asyncio
 from typing import Annotated
 
 from fastapi import APIRouter, Body, Path, Query
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from relay_bus import routing
 from relay_ds import batches, tokens
 from relay_ds.errors import BadToken, Refused, TooLarge
 from relay_ingress import asking
-from relay_ingress.checks import B64U_PATTERN, bad, parse_filter
+from relay_ingress.checks import B64U_PATTERN, StrictBody, bad, parse_filter
 from relay_ingress.context import Context, Ctx
 from relay_ingress.errors import ApiError, documented
 from relay_topics import rules as topic_rules
@@ -45,11 +45,7 @@ DbPath = Annotated[str, Path(pattern=tokens.NAME_PATTERN, description="database 
 Ts = Annotated[int, Field(ge=0, le=MAX_TS_JSON, description="Unix ms")]
 
 
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class NewMessage(_Body):
+class NewMessage(StrictBody):
     topic: str = Field(pattern=topic_rules.TOPIC_PATTERN, description="topic name (no wildcards)")
     payload: str = Field(pattern=B64U_PATTERN, description="b64u payload")
     ts: Ts | None = None
@@ -68,7 +64,7 @@ class RankedStream(BaseModel):
     stream: str
 
 
-class NewIterator(_Body):
+class NewIterator(StrictBody):
     stream: str = Field(pattern=routing.ADDRESS_PATTERN, description="a stream string")
     filter: str = Field(min_length=1, pattern=topic_rules.FILTER_PATTERN)
     start: Ts = 0

@@ -22,7 +22,9 @@ CODES_BY_STATUS = {
     401: "AUTH",
     403: "FORBIDDEN",
     404: "NOT_FOUND",
+    405: "METHOD_NOT_ALLOWED",
     413: "TOO_LARGE",
+    431: "TOO_LARGE",
     429: "QUOTA",
     503: "UNAVAILABLE",
 }

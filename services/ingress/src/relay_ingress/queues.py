@@ -16,10 +16,11 @@ import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Path, Request, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from relay_bus import schemas
 from relay_ingress import asking
+from relay_ingress.checks import B64U_PATTERN, StrictBody
 from relay_ingress.context import Context, Ctx
 from relay_ingress.errors import ApiError, documented
 from relay_queues import auth, ids
@@ -29,29 +30,23 @@ router = APIRouter(
 )
 
 ID_PATTERN = r"^[A-Za-z0-9_-]{32}$"
-B64U_PATTERN = r"^(?:[A-Za-z0-9_-]{4})*(?:[A-Za-z0-9_-]{2,3})?$"
-"""base64url without padding: never a length of 1 mod 4."""
 IdPath = Annotated[str, Path(pattern=ID_PATTERN)]
 MAX_TTL_S = 10 * 365 * 24 * 3600
 
 
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class NewQueue(_Body):
+class NewQueue(StrictBody):
     recipient_key: str = Field(
         pattern=r"^[A-Za-z0-9_-]{42}[AEIMQUYcgkosw048]$",
         description="b64u 32-byte Ed25519 public key (43 characters)",
     )
 
 
-class NewMessage(_Body):
+class NewMessage(StrictBody):
     body: str = Field(pattern=B64U_PATTERN, description="b64u message body")
     ttl_s: int | None = Field(None, ge=1, le=MAX_TTL_S)
 
 
-class Ack(_Body):
+class Ack(StrictBody):
     msg_id: str = Field(pattern=ID_PATTERN)
 
 
