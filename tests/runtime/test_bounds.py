@@ -7,7 +7,6 @@ shape, and request bodies refused 413 before the application parses them."""
 from __future__ import annotations
 
 import json
-import os
 import resource
 import socket
 import subprocess
@@ -352,26 +351,3 @@ def test_max_connections_is_lowered_to_the_open_file_limit(tmp_path: Path) -> No
             sock.close()
         time.sleep(0.3)
         ok(small)
-
-
-if os.environ.get("RELAY_MEASURE_WS"):
-
-    def test_measure_idle_websocket_memory(server: Service) -> None:
-        """Not a regression test: prints RSS per idle WebSocket connection."""
-        import asyncio
-
-        import websockets
-
-        async def hold(count: int) -> int:
-            before = server.rss()
-            url = f"ws://127.0.0.1:{server.port}/ws"
-            conns = []
-            for _ in range(count):
-                conns.append(await websockets.connect(url, compression=None))
-            await asyncio.sleep(1)
-            after = server.rss()
-            for conn in conns:
-                await conn.close()
-            return (after - before) // count
-
-        print("bytes per idle WebSocket", asyncio.run(hold(2000)))
