@@ -168,6 +168,25 @@ def test_idle_kept_alive_connections_are_closed(server: Service) -> None:
     sock.close()
 
 
+def test_crlf_trickled_between_kept_alive_requests_is_cut(server: Service) -> None:
+    """The parser skips CRLFs before a request, so without a timer armed on any byte after a
+    response such a connection was held forever (found here)."""
+    sock = server.connect()
+    sock.sendall(b"GET /ok HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+    started = time.monotonic()
+    closed = False
+    while not closed and time.monotonic() - started < HEADER_TIMEOUT_S + 3:
+        try:
+            sock.sendall(b"\r\n")
+        except OSError:
+            closed = True
+        time.sleep(0.2)
+    sock.close()
+    assert closed
+    assert time.monotonic() - started < HEADER_TIMEOUT_S + 2
+
+
 @pytest.mark.parametrize(
     ("request_bytes", "status", "code"),
     [

@@ -162,9 +162,12 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             self.header_timer.cancel()
             self.header_timer = None
 
+    def between_requests(self) -> bool:
+        return self.cycle is None or self.cycle.response_complete
+
     def header_timed_out(self) -> None:
         self.header_timer = None
-        if self.awaiting_headers and not self.transport.is_closing():
+        if (self.awaiting_headers or self.between_requests()) and not self.transport.is_closing():
             log.info("connection_shed", reason="header_timeout", client=self.address)
             self.transport.close()
 
@@ -174,6 +177,11 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         if self.transport.is_closing():
             return
         self._unset_keepalive_if_required()
+        if self.between_requests():
+            # Bytes after a response (the next request, or CRLFs the parser skips, which would
+            # otherwise keep the connection forever with neither timer armed): the next
+            # request's headers are due within the header timeout.
+            self.arm_header_timer()
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
