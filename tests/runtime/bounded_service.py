@@ -3,6 +3,8 @@ server-level bounds tests: `python -m tests.runtime.bounded_service`, configured
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import FastAPI, Request, WebSocket, WebSocketDisconnect
 
 from relay_runtime.serve import run_service
@@ -37,6 +39,10 @@ def build(_: ServiceSettings) -> tuple[FastAPI, _Idle]:
                 await websocket.send_text(await websocket.receive_text())
         except WebSocketDisconnect:
             pass
+
+    @app.websocket("/ws-stalled")
+    async def stalled(websocket: WebSocket) -> None:
+        await asyncio.sleep(3600)  # never accepts
 
     return app, _Idle()
 

@@ -6,6 +6,7 @@ shape, and request bodies refused 413 before the application parses them."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import resource
 import socket
@@ -20,6 +21,7 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
+import websockets
 
 from tests import helpers
 
@@ -60,6 +62,7 @@ def service(tmp_path: Path, nofile: int | None = None, **env: str) -> Iterator[S
                 RELAY_HTTP__PORT=str(port),
                 RELAY_HTTP__HEADER_TIMEOUT_S=str(HEADER_TIMEOUT_S),
                 RELAY_HTTP__KEEP_ALIVE_TIMEOUT_S="1",
+                RELAY_HTTP__WS_HANDSHAKE_TIMEOUT_S="1",
                 **env,
             ),
             stdout=subprocess.DEVNULL,
@@ -185,6 +188,30 @@ def test_crlf_trickled_between_kept_alive_requests_is_cut(server: Service) -> No
     sock.close()
     assert closed
     assert time.monotonic() - started < HEADER_TIMEOUT_S + 2
+
+
+def test_a_websocket_the_application_never_accepts_is_closed(server: Service) -> None:
+    sock = server.connect()
+    sock.sendall(
+        b"GET /ws-stalled HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    )
+    started = time.monotonic()
+    assert read_all(sock, 5) == b""
+    assert time.monotonic() - started < 3
+    sock.close()
+
+
+def test_a_websocket_is_served_without_deflate(server: Service) -> None:
+    async def echo() -> str | None:
+        url = f"ws://127.0.0.1:{server.port}/ws"
+        async with websockets.connect(url) as ws:  # offers permessage-deflate, as browsers do
+            await ws.send("hello")
+            assert await ws.recv() == "hello"
+            assert ws.response is not None
+            return ws.response.headers.get("Sec-WebSocket-Extensions")
+
+    assert asyncio.run(echo()) is None
 
 
 @pytest.mark.parametrize(

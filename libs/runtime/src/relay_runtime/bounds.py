@@ -10,7 +10,9 @@ Invariants:
   oversized headers) use the API's error shape `{"error": CODE, "detail": text}`, never
   uvicorn's plain-text "Invalid HTTP request received.";
 - a request body larger than `max_request_bytes` (declared or streamed) is answered 413 before
-  the application reads past the limit.
+  the application reads past the limit;
+- a WebSocket whose handshake the application has not completed within `ws_handshake_timeout_s`
+  of the upgrade is closed.
 
 uvicorn has no header-read timeout, no per-address limit and a plain-text 400, so the
 httptools protocol is subclassed (`bounded_protocol`) and passed as `http=` to uvicorn.Config.
@@ -31,6 +33,7 @@ import structlog
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from uvicorn.server import ServerState
 
 log = structlog.get_logger(__name__)
@@ -244,6 +247,40 @@ def bounded_protocol(bounds: Bounds) -> type[BoundedHttpToolsProtocol]:
         "BoundedHttpToolsProtocol",
         (BoundedHttpToolsProtocol,),
         {"bounds": bounds, "per_address": Counter()},
+    )
+
+
+class BoundedWebSocketProtocol(WebSocketsSansIOProtocol):
+    """uvicorn's sans-I/O websockets protocol with a handshake timeout: a connection whose
+    handshake the application has not completed (accepted or refused) within
+    `handshake_timeout_s` of the upgrade is closed. Use `bounded_websocket_protocol`."""
+
+    handshake_timeout_s: ClassVar[float]
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self.handshake_timer: asyncio.TimerHandle | None = self.loop.call_later(
+            self.handshake_timeout_s, self.handshake_timed_out
+        )
+
+    def handshake_timed_out(self) -> None:
+        self.handshake_timer = None
+        if not self.handshake_complete and not self.transport.is_closing():
+            log.info("connection_shed", reason="websocket_handshake_timeout")
+            self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.handshake_timer is not None:
+            self.handshake_timer.cancel()
+            self.handshake_timer = None
+        super().connection_lost(exc)
+
+
+def bounded_websocket_protocol(handshake_timeout_s: float) -> type[BoundedWebSocketProtocol]:
+    return type(
+        "BoundedWebSocketProtocol",
+        (BoundedWebSocketProtocol,),
+        {"handshake_timeout_s": handshake_timeout_s},
     )
 
 

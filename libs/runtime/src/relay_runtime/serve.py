@@ -150,7 +150,8 @@ def run_service(
             # Relay's frames are short JSON: compressing them saves little and costs that memory
             # and CPU. The sans-I/O protocol also stops reading while the application has a
             # message unread, so a client cannot queue frames in the server.
-            ws="websockets-sansio",
+            # Subclassed for a handshake timeout (bounds).
+            ws=bounds.bounded_websocket_protocol(http.ws_handshake_timeout_s),
             ws_per_message_deflate=False,
             ws_ping_interval=http.ws_ping_interval_s,
             ws_ping_timeout=http.ws_ping_timeout_s,

@@ -49,6 +49,9 @@ class HttpSettings(BaseModel):
     max_connections_per_address: int = Field(1024, ge=1)
     """HTTP connections (before any WebSocket upgrade) one client address may hold at once;
     beyond, a new one gets 503 UNAVAILABLE and is closed unread."""
+    ws_handshake_timeout_s: float = Field(10.0, gt=0, le=300)
+    """How long the application may take to accept or refuse a WebSocket after its upgrade
+    request before the connection is closed."""
     ws_ping_interval_s: float = Field(20.0, gt=0, le=600)
     """How often the server pings an idle WebSocket connection."""
     ws_ping_timeout_s: float = Field(20.0, gt=0, le=600)
