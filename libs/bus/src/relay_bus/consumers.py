@@ -4,10 +4,13 @@ Invariants:
 - at-least-once: an offset is committed only after the handler returned for that record and
   every earlier one of its partition; a handler that raises is retried from the same record
   after a back-off, so a record is never skipped because its handler failed;
-- commits leave the record path: at most one is under way, in the background, at most every
-  `commit_interval_ms` (an OffsetCommit per batch cost a broker round trip and a write to
-  `__consumer_offsets` on every hop); a restart therefore handles again up to that much, which
-  handlers absorb (BRIEF §4: they are idempotent). Stop and revocation commit in line;
+- a consumer that resumes from its committed offsets (no `start_offsets`) commits after every
+  batch, in line: the committed offset is its resume point, kept as close as its handler
+  allows. One with `start_offsets` keeps its own resume point (the queue-writer's applied log,
+  delivery's state), so its commits only show lag: they leave the record path, at most one
+  under way, in the background, at most every `commit_interval_ms` (an OffsetCommit per batch
+  cost a broker round trip and a write to `__consumer_offsets` on every hop). Stop and
+  revocation commit in line;
 - a record this build cannot decode is counted, logged once and skipped (it would fail forever);
 - `stop()` lets the batch in hand finish, commits, and leaves the group before returning;
 - with `start_offsets`, reading starts where it says, on every assignment (fixed partitions at
@@ -178,7 +181,10 @@ class Consumer:
                         self._consumer.seek(tp, message.offset)
                         await asyncio.sleep(RETRY_BACKOFF_S)
                         break
-            self._commit_when_due()
+            if self.start_offsets is None:
+                await self._commit()
+            else:
+                self._commit_when_due()
 
     def _commit_when_due(self) -> None:
         """Start a background commit if the interval has passed and none is under way."""

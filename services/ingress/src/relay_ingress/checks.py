@@ -4,9 +4,10 @@ anything reaches Kafka."""
 
 from __future__ import annotations
 
+from typing import Annotated
 from urllib.parse import unquote_to_bytes
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, BeforeValidator, ConfigDict
 from starlette.requests import HTTPConnection
 
 from relay_ingress.errors import ApiError
@@ -14,6 +15,21 @@ from relay_topics import rules as topic_rules
 
 B64U_PATTERN = r"^(?:[A-Za-z0-9_-]{4})*(?:[A-Za-z0-9_-]{2,3})?$"
 """Base64url without padding (for API schemas): never a length of 1 mod 4."""
+
+
+def _json_integer(value: object) -> object:
+    """A JSON number with no fraction (`5.0`) is an integer (JSON Schema says so); a bool is
+    not, and anything else is left for strict validation to refuse."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+JSON_INTEGER = BeforeValidator(_json_integer)
+"""Ends the `Annotated` of a `StrictBody`'s integer field, after its `Field` constraints (so
+that they stay in the JSON schema as minimum and maximum)."""
+JsonInt = Annotated[int, JSON_INTEGER]
+"""An unconstrained integer field of a `StrictBody`."""
 
 
 class StrictBody(BaseModel):

@@ -27,7 +27,7 @@ from relay_bus import routing
 from relay_ds import batches, tokens
 from relay_ds.errors import BadToken, Refused, TooLarge
 from relay_ingress import asking
-from relay_ingress.checks import B64U_PATTERN, StrictBody, bad, parse_filter
+from relay_ingress.checks import B64U_PATTERN, JSON_INTEGER, StrictBody, bad, parse_filter
 from relay_ingress.context import Context, Ctx
 from relay_ingress.errors import ApiError, documented
 from relay_topics import rules as topic_rules
@@ -42,7 +42,7 @@ numbers as doubles (the store itself takes up to 2**63 - 1)."""
 MAX_NEXT = 1000
 """Most messages one `next` may ask for (an answer may also stop earlier, by size)."""
 DbPath = Annotated[str, Path(pattern=tokens.NAME_PATTERN, description="database name")]
-Ts = Annotated[int, Field(ge=0, le=MAX_TS_JSON, description="Unix ms")]
+Ts = Annotated[int, Field(ge=0, le=MAX_TS_JSON, description="Unix ms"), JSON_INTEGER]
 
 
 class NewMessage(StrictBody):

@@ -20,7 +20,7 @@ from pydantic import Field
 
 from relay_bus import schemas
 from relay_ingress import asking
-from relay_ingress.checks import B64U_PATTERN, StrictBody
+from relay_ingress.checks import B64U_PATTERN, JSON_INTEGER, StrictBody
 from relay_ingress.context import Context, Ctx
 from relay_ingress.errors import ApiError, documented
 from relay_queues import auth, ids
@@ -43,7 +43,7 @@ class NewQueue(StrictBody):
 
 class NewMessage(StrictBody):
     body: str = Field(pattern=B64U_PATTERN, description="b64u message body")
-    ttl_s: int | None = Field(None, ge=1, le=MAX_TTL_S)
+    ttl_s: Annotated[int, Field(ge=1, le=MAX_TTL_S), JSON_INTEGER] | None = None
 
 
 class Ack(StrictBody):

@@ -32,7 +32,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from relay_bus import schemas
 from relay_bus.bus import BusUnavailableError
 from relay_ingress import asking, retained
-from relay_ingress.checks import StrictBody, parse_filter
+from relay_ingress.checks import JsonInt, StrictBody, parse_filter
 from relay_ingress.connections import Connection, Connections
 from relay_ingress.context import Context, Ctx
 from relay_ingress.errors import ApiError
@@ -53,7 +53,7 @@ class _Command(StrictBody):
 class Sub(_Command):
     cmd: Literal["SUB"]
     queue: QueueId
-    ts: int
+    ts: JsonInt
     sig: str
 
 
@@ -61,7 +61,7 @@ class AckCmd(_Command):
     cmd: Literal["ACK"]
     queue: QueueId
     msg_id: QueueId
-    ts: int
+    ts: JsonInt
     sig: str
 
 
@@ -83,7 +83,7 @@ class PublishCmd(_Command):
     topic: str = Field(min_length=1)
     payload: str
     retain: bool = False
-    expiry_s: int | None = None
+    expiry_s: JsonInt | None = None
 
 
 Command = Sub | AckCmd | Subscribe | Unsubscribe | PublishCmd
