@@ -34,8 +34,9 @@ class OutOfOrder(ValueError):
 @dataclass
 class SlotBuffer:
     slot: layout.Slot
-    first: int
-    """The first offset the next file covers."""
+    first: int | None
+    """The first offset the next file covers; None for a slot with no file yet, whose first
+    file starts at the first offset read (Kafka may have deleted older ones)."""
     rows: list[rows.Row] = field(default_factory=list)
     last: int = -1
     """The last offset read (kept or not); -1 before any."""
@@ -45,6 +46,8 @@ class SlotBuffer:
 
     def add(self, offset: int, row: rows.Row | None, now_s: float) -> None:
         """Note `offset` as read, keeping `row` if given (None: read, not kept)."""
+        if self.first is None:
+            self.first = offset
         if offset <= self.last or offset < self.first:
             raise OutOfOrder(f"{self.slot}: offset {offset} after {max(self.last, self.first - 1)}")
         self.last = offset
@@ -56,7 +59,7 @@ class SlotBuffer:
 
     @property
     def pending(self) -> bool:
-        return self.last >= self.first
+        return self.first is not None and self.last >= self.first
 
     def due(self, policy: RollPolicy, now_s: float) -> bool:
         if not self.pending or self.opened_s is None:
@@ -65,7 +68,7 @@ class SlotBuffer:
 
     def take(self) -> tuple[layout.ArchiveFile, list[rows.Row]] | None:
         """The file to write and its rows, and start the next file after it."""
-        if not self.pending:
+        if not self.pending or self.first is None:
             return None
         f = layout.ArchiveFile(self.slot, self.first, self.last)
         taken = self.rows
