@@ -27,6 +27,10 @@ archive = store_module.LocalStore(root)
 slot = layout.Slot("e1", "relay.queue.commands", 0)
 for n in range(10):
     f = layout.ArchiveFile(slot, n * 10, n * 10 + 9)
-    writer.write(archive, f, [rows.row_of(o, o, None, b'{"kind":"x","v":1}') for o in range(f.first, f.last + 1)])
+    writer.write(
+        archive,
+        f,
+        [rows.row_of(o, o, None, b'{"kind":"x","v":1}') for o in range(f.first, f.last + 1)],
+    )
     written += 1
     print(written, flush=True)

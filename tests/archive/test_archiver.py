@@ -164,7 +164,7 @@ async def test_lag_is_reported_then_caught_up(kafka: Kafka, tmp_path: Path) -> N
     store = LocalStore(tmp_path / "archive")
     async with producer(kafka) as bus:
         await _produce(bus, 0, 40)
-        with archiver(kafka, tmp_path) as (process, url):
+        with archiver(kafka, tmp_path) as (_, url):
             await _caught_up(store, bus)
             deadline = time.monotonic() + 10
             while True:

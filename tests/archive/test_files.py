@@ -20,7 +20,9 @@ def _row(offset: int, kind: str = "queue_cmd") -> rows.Row:
     return rows.row_of(offset, 1_700_000_000_000 + offset, b"k", value)
 
 
-def _write(store: LocalStore, first: int, last: int, slot: layout.Slot = SLOT) -> layout.ArchiveFile:
+def _write(
+    store: LocalStore, first: int, last: int, slot: layout.Slot = SLOT
+) -> layout.ArchiveFile:
     f = layout.ArchiveFile(slot, first, last)
     writer.write(store, f, [_row(o) for o in range(first, last + 1)])
     return f

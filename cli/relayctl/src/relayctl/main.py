@@ -61,6 +61,7 @@ def up(
         "delivery": delivery,
         "retainer": retainers,
         "replicator": replicators,
+        "archiver": 1,
     }
     for name in ("queue-writer", "retainer"):
         if counts[name] > partitions:

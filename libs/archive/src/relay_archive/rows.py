@@ -56,9 +56,10 @@ def row_of(offset: int, timestamp_ms: int, key: bytes | None, value: bytes | Non
     except ValueError:
         parsed = None
     if isinstance(parsed, dict):
-        kind = parsed.get("kind") if isinstance(parsed.get("kind"), str) else ""
-        v = parsed.get("v") if type(parsed.get("v")) is int and 0 <= parsed["v"] < 2**31 else 0
-        request_id = parsed.get("id") if isinstance(parsed.get("id"), str) else ""
+        found_kind, found_v, found_id = parsed.get("kind"), parsed.get("v"), parsed.get("id")
+        kind = found_kind if isinstance(found_kind, str) else ""
+        v = found_v if type(found_v) is int and 0 <= found_v < 2**31 else 0
+        request_id = found_id if isinstance(found_id, str) else ""
     return Row(offset, timestamp_ms, key, kind, v, request_id, data)
 
 

@@ -68,7 +68,9 @@ def _read_table(filesystem: pafs.FileSystem, path: str, columns: list[str] | Non
         )
     except (OSError, pa.ArrowException) as error:
         raise CorruptArchiveFile(path, str(error).splitlines()[0]) from None
-    expected = rows.SCHEMA if columns is None else pa.schema([rows.SCHEMA.field(c) for c in columns])
+    expected = (
+        rows.SCHEMA if columns is None else pa.schema([rows.SCHEMA.field(c) for c in columns])
+    )
     if not table.schema.equals(expected):
         raise CorruptArchiveFile(path, f"schema {table.schema} is not the archive's")
     return table
@@ -88,7 +90,7 @@ class LocalStore:
         temporary = folder / f"{layout.TEMP_PREFIX}{uuid.uuid4().hex}-{f.name}"
         try:
             with temporary.open("wb") as out:
-                pq.write_table(table, out, **WRITE_OPTIONS)  # type: ignore[arg-type]
+                pq.write_table(table, out, **WRITE_OPTIONS)
                 out.flush()
                 os.fsync(out.fileno())
             size = temporary.stat().st_size
@@ -145,7 +147,7 @@ class ObjectStore:
         path = self._full(f.path)
         self._fs.create_dir(self._full(f.slot.folder), recursive=True)
         with self._fs.open_output_stream(path) as out:
-            pq.write_table(table, out, **WRITE_OPTIONS)  # type: ignore[arg-type]
+            pq.write_table(table, out, **WRITE_OPTIONS)
         size: int = self._fs.get_file_info(path).size
         return size
 
@@ -177,4 +179,3 @@ def open_store(location: str) -> ArchiveStore:
     if "://" in location:
         return ObjectStore(location)
     return LocalStore(Path(location))
-

@@ -37,7 +37,7 @@ class SlotBuffer:
     first: int | None
     """The first offset the next file covers; None for a slot with no file yet, whose first
     file starts at the first offset read (Kafka may have deleted older ones)."""
-    rows: list[rows.Row] = field(default_factory=list)
+    kept: list[rows.Row] = field(default_factory=list)
     last: int = -1
     """The last offset read (kept or not); -1 before any."""
     bytes: int = 0
@@ -54,7 +54,7 @@ class SlotBuffer:
         if self.opened_s is None:
             self.opened_s = now_s
         if row is not None:
-            self.rows.append(row)
+            self.kept.append(row)
             self.bytes += row.size
 
     @property
@@ -71,8 +71,8 @@ class SlotBuffer:
         if not self.pending or self.first is None:
             return None
         f = layout.ArchiveFile(self.slot, self.first, self.last)
-        taken = self.rows
-        self.first, self.rows, self.bytes, self.opened_s = self.last + 1, [], 0, None
+        taken = self.kept
+        self.first, self.kept, self.bytes, self.opened_s = self.last + 1, [], 0, None
         return f, taken
 
 

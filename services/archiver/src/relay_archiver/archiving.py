@@ -105,7 +105,9 @@ class Archiver:
 
     def revoked(self, topic: str) -> Callable[[list[int]], Awaitable[None]]:
         async def revoked(partitions: list[int]) -> None:
-            await self.flush([s for s in self.buffers if s.topic == topic and s.partition in partitions])
+            await self.flush(
+                [s for s in self.buffers if s.topic == topic and s.partition in partitions]
+            )
             for slot in [s for s in self.buffers if s.topic == topic and s.partition in partitions]:
                 self.buffers.pop(slot, None)
 
@@ -186,7 +188,7 @@ class Archiver:
             await asyncio.sleep(self.timing.lag_interval_s)
             try:
                 await self.measure_lag()
-            except Exception as error:  # noqa: BLE001 - a metric must not stop the archiver
+            except Exception as error:  # a metric must not stop the archiver
                 log.warning("archive_lag_unmeasured", error=str(error) or type(error).__name__)
 
     async def measure_lag(self) -> dict[tuple[str, int], int]:
