@@ -77,13 +77,13 @@ def test_queue_rules_follow_the_replies() -> None:
 
 
 def test_delete_removes_the_queue_and_default_ttl_applies() -> None:
-    history = _history()[:3] + [
-        replay.Answered(3, 50, _cmd(schemas.DeleteQueue, "d", **SIGNED), _reply("d", 204))
-    ]
+    delete = replay.Answered(3, 50, _cmd(schemas.DeleteQueue, "d", **SIGNED), _reply("d", 204))
+    history = [*_history()[:3], delete]
     state = replay.replay_queues(history[:2])
     assert state.all_messages()[0].expires_ms == 100 + DEFAULT_TTL_S * 1000
     state = replay.replay_queues(history)
-    assert state.queues == {} and state.all_messages() == []
+    assert state.queues == {}
+    assert state.all_messages() == []
 
 
 def test_out_of_order_input_is_refused() -> None:
