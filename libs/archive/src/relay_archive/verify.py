@@ -172,7 +172,8 @@ def compare(
 @dataclass
 class ArchiveHealth:
     gaps: dict[str, list[tuple[int, int, int]]] = field(default_factory=dict)
-    """Topic → (partition, first, last) ranges the archive lacks."""
+    """Topic → (partition, first, last) ranges the archive lacks; last -1: the partition has
+    no readable file at all."""
     corrupt: list[str] = field(default_factory=list)
 
     @property
@@ -181,8 +182,10 @@ class ArchiveHealth:
 
 
 def check_archive(store: ArchiveStore, cut: tables.Cut) -> ArchiveHealth:
-    """Gaps and damaged files of the cut's epoch: every command partition must be covered from
-    0 up to its cut; the other archived topics must have no holes between their files."""
+    """Gaps and damaged files of the cut's epoch: every archived partition must be covered from
+    offset 0 (the archiver starts a new epoch there) without holes, and every command partition
+    the cut names up to its cut. (A partition with no file at all is told apart from an empty
+    one only where the cut names it: the archive alone does not know Kafka's partitions.)"""
     health = ArchiveHealth()
     for topic in (topics.QUEUE_COMMANDS, topics.PUBLICATIONS, topics.INGRESS_INBOX):
         folder = f"{layout.LAYOUT}/epoch={cut.epoch}/topic={topic}"
@@ -195,15 +198,14 @@ def check_archive(store: ArchiveStore, cut: tables.Cut) -> ArchiveHealth:
                 health.corrupt.append(error.path)
         coverage = {s.partition: layout.coverage(fs) for s, fs in reader.by_slot(readable).items()}
         gaps = [(p, a, b) for p, c in coverage.items() if c is not None for a, b in c.gaps]
-        if topic == topics.QUEUE_COMMANDS:
-            for partition, end in sorted((cut.offsets or {}).items()):
-                c = coverage.get(partition)
-                if end > 0 and c is None:
-                    gaps.append((partition, 0, end - 1))
-                elif c is not None and c.first > 0:
-                    gaps.append((partition, 0, c.first - 1))
-                if c is not None and c.last < end - 1:
-                    gaps.append((partition, c.last + 1, end - 1))
+        gaps += [(p, 0, c.first - 1) for p, c in coverage.items() if c is not None and c.first > 0]
+        ends = dict(cut.offsets or {}) if topic == topics.QUEUE_COMMANDS else {}
+        for partition, end in sorted(ends.items()):
+            c = coverage.get(partition)
+            if c is None and end > 0:
+                gaps.append((partition, 0, -1))
+            elif c is not None and c.last < end - 1:
+                gaps.append((partition, c.last + 1, end - 1))
         # a damaged file's range is a hole: the files listed beside it no longer cover it
         if gaps:
             health.gaps[topic] = sorted(set(gaps))
