@@ -172,9 +172,11 @@ def rebuild_retained(
 
 
 def rebuild(spark: SparkSession, store: ArchiveStore, cut: tables.Cut, out: Path) -> dict[str, int]:
-    """Both rebuilds into one folder of tables (`uncertain` holding both kinds)."""
+    """Both rebuilds into one folder of tables (`uncertain` holding both kinds), and the cut
+    they stand at (`cut.json`, what a restore marks)."""
     queues = rebuild_queues(spark, store, cut, out)
     retained = rebuild_retained(spark, store, cut, out)
+    (out / "cut.json").write_text(cut.to_json())
     return {
         **queues,
         "retained": retained["retained"],
@@ -195,6 +197,7 @@ def rebuild_python(store: ArchiveStore, cut: tables.Cut, out: Path) -> dict[str,
     for name, table_rows in written.items():
         shutil.rmtree(out / name, ignore_errors=True)
         tables.write_table(out, name, table_rows)
+    (out / "cut.json").write_text(cut.to_json())
     return {name: len(table_rows) for name, table_rows in written.items()}
 
 

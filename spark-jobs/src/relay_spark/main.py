@@ -22,6 +22,7 @@ from typing import NoReturn
 
 from relay_archive import export, reader, report, tables
 from relay_archive.store import ArchiveStore, open_store
+from relay_bus import topics
 
 EX_USAGE = 64
 
@@ -37,7 +38,8 @@ def _fail(message: str) -> NoReturn:
 
 
 def _cut(store: ArchiveStore, export_dir: Path | None, epoch: str | None) -> tables.Cut:
-    """The export's cut, or (no export) everything archived in `epoch` (the only one if unset)."""
+    """The export's cut, or (no export) everything archived in `epoch` (the only one if unset):
+    each command partition up to its resume point."""
     try:
         if export_dir is not None:
             return export.read_cut(export_dir, export.read_manifest(export_dir))
@@ -50,7 +52,8 @@ def _cut(store: ArchiveStore, export_dir: Path | None, epoch: str | None) -> tab
         epoch = known[0]
     elif epoch not in known:
         _fail(f"epoch {epoch!r} is not in the archive (it holds {known})")
-    return tables.Cut(epoch, int(time.time() * 1000), None)
+    offsets = reader.resume_points(store, epoch, topics.QUEUE_COMMANDS)
+    return tables.Cut(epoch, int(time.time() * 1000), offsets)
 
 
 def main(argv: list[str] | None = None) -> None:

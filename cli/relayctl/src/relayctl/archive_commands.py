@@ -1,5 +1,6 @@
-"""`relayctl archive status`, `relayctl export`, `relayctl rebuild`, `relayctl verify`: the
-Kafka archive of a local suite and the Spark jobs over it.
+"""`relayctl archive status`, `relayctl export`, `relayctl rebuild`, `relayctl verify`,
+`relayctl restore`: the Kafka archive of a local suite, the Spark jobs over it, and a data dir
+written back from a rebuild (`relay_archive.restore`, through the engines).
 
 `export` reads stopped queue-writer and retainer data dirs through their engines (the online
 `POST /admin/export` is not built yet), so it refuses while the suite runs from that data dir.
@@ -24,7 +25,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from relay_archive import export, layout, reader
+from relay_archive import export, layout, reader, restore
 from relay_archive.store import CorruptArchiveFile, LocalStore
 from relayctl import processes, state
 
@@ -111,6 +112,7 @@ def register(app: typer.Typer) -> None:
     app.command("export")(export_command)
     app.command("rebuild")(rebuild_command)
     app.command("verify")(verify_command)
+    app.command("restore")(restore_command)
 
 
 def export_command(
@@ -181,3 +183,31 @@ def verify_command(
     args = ["verify", "--archive", str(_archive(data_dir)), "--export", str(from_export)]
     args += ["--rebuilt", str(rebuilt), "--report", str(report)]
     raise typer.Exit(_spark([*args, "--engine", engine, "--master", master]))
+
+
+def restore_command(
+    service: Annotated[str, typer.Argument(help="queue-writer or retainer")],
+    rebuilt: Annotated[Path, typer.Option("--from", help="A rebuild (relayctl rebuild --out).")],
+    ordinal: Annotated[int, typer.Option("--ordinal", help="The instance k to restore.", min=0)],
+    target: Annotated[Path, typer.Option("--data-dir", help="The new, empty data dir to write.")],
+    replicas: Annotated[int, typer.Option(help="n, the number of instances.", min=1)] = 1,
+    partitions: Annotated[int, typer.Option(help="Partitions of the keyed topics.", min=1)] = 8,
+) -> None:
+    """Write a queue-writer's or retainer's data dir from a rebuild, with the marks that let it
+    go on from Kafka; refuses a data dir that already holds stores."""
+    try:
+        if service == "queue-writer":
+            done = restore.restore_queue_writer(rebuilt, target, ordinal, replicas, partitions)
+            typer.echo(
+                f"restored {done.queues} queues, {done.messages} messages "
+                f"({done.quota_markers_skipped} quota markers not restored); marks {done.marks}"
+            )
+        elif service == "retainer":
+            done = restore.restore_retainer(rebuilt, target, ordinal, replicas)
+            typer.echo(f"restored {done.retained} retained messages")
+        else:
+            typer.echo(f"relayctl: restore: {service!r} is not queue-writer or retainer", err=True)
+            raise typer.Exit(2)
+    except restore.RestoreError as error:
+        typer.echo(f"relayctl: restore: {error}", err=True)
+        raise typer.Exit(1) from None
