@@ -49,9 +49,7 @@ def main() -> None:
         try:
             store = LocalStore(work / "archive")
             t = time.monotonic()
-            made = synthetic.make(
-                store, commands=size, partitions=args.partitions, per_file=50_000
-            )
+            made = synthetic.make(store, commands=size, partitions=args.partitions, per_file=50_000)
             generated_s = time.monotonic() - t
             size_bytes = sum(p.stat().st_size for p in (work / "archive").rglob("*.parquet"))
             cut = tables.Cut(synthetic.EPOCH, 1_700_000_000_000 + 86_400_000, made.commands)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from relay_archive import layout, rows, writer
 from relay_archive.store import ArchiveStore
-from relay_bus import schemas, topics
+from relay_bus import routing, schemas, topics
 from relay_queues import ids
 
 COMMON = {"origin": "o", "reply_slot": 0, "deadline_ms": 10**13}
@@ -101,8 +101,6 @@ def make(
         publication = schemas.Publication(
             id=rid, **COMMON, topic=topic, payload=ids.b64u(b"%d" % n), ts=ts + n, retain=True
         )
-        from relay_bus import routing
-
         put(
             topics.PUBLICATIONS,
             routing.partition_of_topic(topic, partitions),
