@@ -52,6 +52,10 @@ class Received:
     offset: int
     key: bytes | None
     record: schemas.Record
+    value: bytes = b""
+    """The record's exact bytes as Kafka holds them (the archiver keeps these)."""
+    timestamp_ms: int = 0
+    """Kafka's timestamp of the record (the producer's create time)."""
 
 
 Handler = Callable[[Received], Awaitable[None]]
@@ -210,7 +214,15 @@ class Consumer:
             )
             self._handled[tp] = offset + 1
             return True
-        received = Received(self.topic, tp.partition, offset, getattr(message, "key", None), record)
+        received = Received(
+            self.topic,
+            tp.partition,
+            offset,
+            getattr(message, "key", None),
+            record,
+            value or b"",
+            getattr(message, "timestamp", 0),
+        )
         try:
             with _HANDLE_SECONDS.labels(self.topic).time():
                 await self.handler(received)
