@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from relay_kv.clock import Version
 from relay_kv.crdt import AWSet, KvMap, Register, Value, merge
 
-SITES = ("a" * 16, "b" * 16, "c" * 16)
+SITES = ("A" * 16, "B" * 16, "C" * 16)
 MEMBERS = (b"x", b"y", b"z", b"w")
 
 versions = st.builds(Version, st.integers(1, 50), st.integers(0, 3), st.sampled_from(SITES))

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from relay_kv.clock import HybridClock, TooFarAhead, Version
 
-SITE = "0123456789abcdef"
+SITE = "0123456789ABCDEF"
 
 
 @given(st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 10**6)), min_size=1))
@@ -19,10 +19,10 @@ def test_ticks_grow_and_pass_what_was_observed(steps: list[tuple[int, int]]) -> 
     last = clock.tick()
     for now, seen in steps:
         wall[0] = now  # the wall clock may jump back
-        clock.observe(Version(seen, 7, "f" * 16))
+        clock.observe(Version(seen, 7, "F" * 16))
         stamp = clock.tick()
         assert stamp > last
-        assert stamp > Version(seen, 7, "f" * 16)
+        assert stamp > Version(seen, 7, "F" * 16)
         last = stamp
 
 

@@ -45,8 +45,8 @@ def test_unreachable_replicas_get_hints_on_the_first_reachable_fallback() -> Non
 
 
 def test_a_read_merges_and_names_stale_replicas() -> None:
-    old = Register(Version(1, 0, "a" * 16), b"old")
-    new = Register(Version(2, 0, "b" * 16), b"new")
+    old = Register(Version(1, 0, "A" * 16), b"old")
+    new = Register(Version(2, 0, "B" * 16), b"new")
     round_ = quorum.ReadRound(HOME, 2)
     round_.answer("a", old)
     assert round_.decided is None

@@ -6,7 +6,7 @@ from relay_kv import tombstones
 from relay_kv.clock import Version
 from relay_kv.crdt import AWSet, KvMap, Register
 
-SITE = "a" * 16
+SITE = "A" * 16
 
 
 def test_a_delete_is_purged_after_grace_and_a_later_sync_only() -> None:

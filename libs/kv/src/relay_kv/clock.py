@@ -1,6 +1,7 @@
 """Versions: hybrid logical clock stamps with the writing site as the tie-break.
 
-A version is (wall ms, logical counter, site). Its text form is fixed-width lower-case hex
+A version is (wall ms, logical counter, site). Its text form is fixed-width hex (lower case
+for time and counter, the site id in upper case as `/ds` shows it)
 (`12 + 4 + 16` characters), so comparing two version strings compares the versions; clients see
 it as an opaque string "ordered by the server" (API.md).
 
@@ -20,8 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 MAX_COUNTER = 0xFFFF
-SITE_PATTERN = re.compile(r"^[0-9a-f]{16}$")
-_TEXT = re.compile(r"^([0-9a-f]{12})([0-9a-f]{4})([0-9a-f]{16})$")
+SITE_PATTERN = re.compile(r"^[0-9A-F]{16}$")
+_TEXT = re.compile(r"^([0-9a-f]{12})([0-9a-f]{4})([0-9A-F]{16})$")
 
 
 class TooFarAhead(ValueError):
@@ -55,7 +56,9 @@ ZERO = Version(0, 0, "0" * 16)
 class HybridClock:
     def __init__(self, site: str, now_ms: Callable[[], int], max_ahead_ms: int = 5_000) -> None:
         if not SITE_PATTERN.match(site):
-            raise ValueError(f"a site id is 16 lower-case hex digits, got {site!r}")
+            raise ValueError(
+                f"a site id is 16 upper-case hex digits (as /ds shows it), got {site!r}"
+            )
         self.site = site
         self.now_ms = now_ms
         self.max_ahead_ms = max_ahead_ms

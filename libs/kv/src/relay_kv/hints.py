@@ -29,6 +29,8 @@ class HintLimits:
 @dataclass(frozen=True)
 class Hint:
     target: str
+    n: int
+    """The namespace's replication factor (where the value is kept on the target)."""
     namespace: str
     key: str
     value: crdt.Value
@@ -39,7 +41,7 @@ class Hint:
 
     def encode(self) -> bytes:
         return json.dumps(
-            {"f": 1, "c": self.created_ms, "v": codec.to_json(self.value)},
+            {"f": 1, "c": self.created_ms, "n": self.n, "v": codec.to_json(self.value)},
             sort_keys=True,
             separators=(",", ":"),
         ).encode()
@@ -52,6 +54,7 @@ class Hint:
             raise codec.CorruptValue(f"unknown hint format {raw.get('f')!r}")
         return cls(
             target.decode(),
+            int(raw["n"]),
             namespace.decode(),
             key.decode(),
             codec.from_json(raw["v"]),
@@ -71,6 +74,7 @@ def merge_hint(old: Hint | None, new: Hint) -> Hint:
         return new
     return Hint(
         new.target,
+        new.n,
         new.namespace,
         new.key,
         crdt.merge(old.value, new.value),

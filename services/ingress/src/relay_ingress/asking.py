@@ -44,7 +44,7 @@ RetainerRequest = schemas.DsRequest | schemas.RetainedRequest | schemas.Publicat
 
 async def _one_reply(
     ctx: Context,
-    request: schemas.Ping | schemas.QueueCommand | RetainerRequest,
+    request: schemas.Ping | schemas.QueueCommand | RetainerRequest | schemas.KvRequest,
     topic: str,
     *,
     wait_s: float,
@@ -65,7 +65,7 @@ async def _one_reply(
         ctx.inbox.forget(request.id)
 
 
-def _accepted(reply: schemas.QueueReply | schemas.DsReply) -> None:
+def _accepted(reply: schemas.QueueReply | schemas.DsReply | schemas.KvReply) -> None:
     """Raise a reply's refusal as the API error it names."""
     if reply.code is not None:
         raise ApiError(reply.status, reply.code, reply.detail)
@@ -217,3 +217,24 @@ async def every_retainer(
     for reply in ordered:
         _accepted(reply)
     return ordered
+
+
+async def replicator(ctx: Context, shard: int, **fields: Any) -> schemas.KvReply:
+    """Send a key-value request to the partition of `relay.replication` of its key's shard
+    (`shard mod partitions`, keyed by the shard) and wait for the coordinating replicator's
+    answer; a refusal is raised as the API error it names. 503 when no answer comes within the
+    request timeout (the request expires at the replicator; a write may still have been sent:
+    retrying it is safe)."""
+    wait_s = ctx.config.request_timeout_s
+    reply = await _one_reply(
+        ctx,
+        schemas.KvRequest(**_routing(ctx, wait_s), **fields),
+        topics.REPLICATION,
+        wait_s=wait_s,
+        timeout_detail=f"no answer within {wait_s:g} s from the replicators",
+        key=shard.to_bytes(2, "big"),
+        partition=shard % ctx.config.kafka.partitions,
+    )
+    assert isinstance(reply, schemas.KvReply)
+    _accepted(reply)
+    return reply

@@ -25,6 +25,7 @@ CODES_BY_STATUS = {
     413: "TOO_LARGE",
     429: "QUOTA",
     503: "UNAVAILABLE",
+    504: "INDETERMINATE",
 }
 
 
