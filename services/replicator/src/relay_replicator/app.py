@@ -13,6 +13,9 @@ from pathlib import Path
 
 from fastapi import FastAPI
 from pydantic import BaseModel, Field
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
 
 from relay_bus import ping, schemas, topics
 from relay_bus.bus import Bus
@@ -113,7 +116,31 @@ def build(config: ReplicatorSettings) -> tuple[FastAPI, BusLifecycle]:
         else:
             await forward(received)
 
-    bus.consumer(topics.REPLICATION, handle, group_id=GROUP)
+    held: set[int] = set()
+    """The partitions of `relay.replication` this replicator coordinates now."""
+
+    async def assigned(partitions: list[int]) -> dict[int, int]:
+        held.update(partitions)
+        return {}  # start where the group committed
+
+    async def revoked(partitions: list[int]) -> None:
+        held.difference_update(partitions)
+
+    bus.consumer(
+        topics.REPLICATION, handle, group_id=GROUP, start_offsets=assigned, on_revoked=revoked
+    )
+
+    async def status(_: Request) -> JSONResponse:
+        """What this replicator is: its site, view, partitions coordinated, hints held."""
+        return JSONResponse(
+            {
+                "site": site,
+                "sites": list(peers.view.sites),
+                "partitions": sorted(held),
+                "hint_bytes": store.hint_bytes,
+                "sync_passes": sync.passes,
+            }
+        )
 
     async def open_store() -> None:
         store.open()
@@ -129,7 +156,10 @@ def build(config: ReplicatorSettings) -> tuple[FastAPI, BusLifecycle]:
         await peers.stop()
         await store.close()
 
-    app = FastAPI(title="Relay replicator", routes=probe_routes(readiness))
+    app = FastAPI(
+        title="Relay replicator",
+        routes=[*probe_routes(readiness), Route("/internal/kv/status", status, methods=["GET"])],
+    )
     app.state.kv = (store, coordinator, handoff, sync)
     replica.install(app, local, token, sync)
     lifecycle = BusLifecycle(
