@@ -165,9 +165,7 @@ class Cluster:
 
     def _spawn(self, script: str, extra: dict[str, str], log: Path) -> subprocess.Popen[str]:
         log.parent.mkdir(parents=True, exist_ok=True)
-        env = helpers.service_env(
-            RELAY_ADMIN_TOKEN=TOKEN, **self.kafka.env(), **self.env, **extra
-        )
+        env = helpers.service_env(RELAY_ADMIN_TOKEN=TOKEN, **self.kafka.env(), **self.env, **extra)
         with log.open("a") as out:
             return subprocess.Popen(
                 [str(helpers.BIN / script)], env=env, stdout=out, stderr=out, text=True
@@ -191,7 +189,9 @@ class Cluster:
             self.root / f"replicator-{name}.log",
         )
 
-    def _wait_ready(self, url: str, process: subprocess.Popen[str] | None, budget: float = 60) -> None:
+    def _wait_ready(
+        self, url: str, process: subprocess.Popen[str] | None, budget: float = 60
+    ) -> None:
         deadline = time.monotonic() + budget
         while time.monotonic() < deadline:
             if process is not None and process.poll() is not None:
@@ -207,7 +207,9 @@ class Cluster:
         partitions = int(os.environ.get("RELAY_KAFKA__PARTITIONS", "8"))
         deadline = time.monotonic() + budget
         while True:
-            held = {n: r.get("/internal/kv/status")["partitions"] for n, r in self.replicators.items()}
+            held = {
+                n: r.get("/internal/kv/status")["partitions"] for n, r in self.replicators.items()
+            }
             everything = sorted(p for ps in held.values() for p in ps)
             if everything == list(range(partitions)):
                 return held
@@ -243,9 +245,7 @@ class Cluster:
 
 
 @contextlib.contextmanager
-def cluster(
-    root: Path, kafka: helpers.Kafka, redis_url: str, **env: str
-) -> Iterator[Cluster]:
+def cluster(root: Path, kafka: helpers.Kafka, redis_url: str, **env: str) -> Iterator[Cluster]:
     running = Cluster(root, kafka, redis_url, env=env)
     try:
         running.start()
@@ -281,7 +281,9 @@ class Client:
     def delete(self, ns: str, key: str, **query: Any) -> httpx.Response:
         return self.http.delete(f"/v1/kv/{ns}/{key}", params=query, headers=self._auth())
 
-    def members(self, ns: str, key: str, add: list[bytes] = (), remove: list[bytes] = ()) -> httpx.Response:  # type: ignore[assignment]
+    def members(
+        self, ns: str, key: str, add: list[bytes] = (), remove: list[bytes] = ()
+    ) -> httpx.Response:  # type: ignore[assignment]
         from relay_durable.codec import b64u
 
         return self.http.post(
@@ -293,7 +295,9 @@ class Client:
     def list_members(self, ns: str, key: str, **query: Any) -> httpx.Response:
         return self.http.get(f"/v1/kv/{ns}/{key}/members", params=query, headers=self._auth())
 
-    def field(self, method: str, ns: str, key: str, name: str, value: bytes | None = None) -> httpx.Response:
+    def field(
+        self, method: str, ns: str, key: str, name: str, value: bytes | None = None
+    ) -> httpx.Response:
         from relay_durable.codec import b64u
 
         body = None if value is None else {"value": b64u(value)}

@@ -62,8 +62,9 @@ _HINTS_SENT = Counter("relay_kv_hints_sent_total", "Hints stored on a fallback f
 _RESENDS = Counter("relay_kv_newer_resends_total", "Writes stamped again past a newer version")
 _HINTS_HELD = Gauge("relay_kv_hints_held_bytes", "Bytes of hints this site holds for others")
 
-NS_N = 3
-"""Replication factor of the reserved namespace of namespace definitions."""
+NS_N = names.MAX_N
+"""Replication factor of the reserved namespace of namespace definitions: every site (up to
+seven) keeps every definition, so each can read a namespace's `gc_grace` locally."""
 NS_CACHE_S = 2.0
 MAX_RESENDS = 3
 

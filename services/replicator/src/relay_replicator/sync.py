@@ -9,7 +9,8 @@ peer): both then hold the join. A pass that compared every shared shard records 
 (`KvStore.mark_synced`); a shard is synced as of the oldest such time among its other home
 replicas, which the GC guard (`relay_kv.tombstones.purgeable`) requires.
 
-Invariants: anti-entropy only ever merges (never overwrites or deletes a value); one pass at a
+Invariants: anti-entropy only ever merges (never overwrites or deletes a value), and never
+hands over a tombstone this site would purge; one pass at a
 time; a pass interrupted by a peer's failure records nothing, so the guard never counts a sync
 that did not complete; keys are exchanged in batches of `batch` (the throttle).
 """
@@ -17,7 +18,7 @@ that did not complete; keys are exchanged in batches of `batch` (the throttle).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import structlog
@@ -53,7 +54,8 @@ class Sync:
         self.interval_s = interval_s
         self.gc_guard = gc_guard
         self.batch = batch
-        self._shared: dict[tuple[int, int, str], list[int]] = {}
+        self._home: dict[tuple[int, int], tuple[str, ...]] = {}
+        self._home_view = 0
         self._task: asyncio.Task[None] | None = None
         self.passes = 0
 
@@ -76,27 +78,30 @@ class Sync:
 
     # -- what a peer asks --------------------------------------------------------------------
 
-    def shared(self, n: int, peer: str) -> list[int]:
-        """Shards whose n home replicas include this site and `peer` (cached per view)."""
+    def home(self, n: int, shard: int) -> tuple[str, ...]:
+        """The shard's home replicas in the current view (memoised per view)."""
         view = self.peers.view
-        key = (view.version, n, peer)
-        found = self._shared.get(key)
+        if self._home_view != view.version:
+            self._home, self._home_view = {}, view.version
+        key = (n, shard)
+        found = self._home.get(key)
         if found is None:
-            me = self.peers.me
-            found = [
-                shard
-                for shard in range(placement.SHARDS)
-                if {me, peer} <= set(view.replicas(shard, n).home)
-            ]
-            self._shared = {k: v for k, v in self._shared.items() if k[0] == view.version}
-            self._shared[key] = found
+            found = self._home[key] = view.replicas(shard, n).home
         return found
+
+    def shared(self, n: int, peer: str, shards: Iterable[int]) -> list[int]:
+        """Those of `shards` whose n home replicas include this site and `peer`. Only shards
+        holding data are ever asked about (an empty shard adds nothing to a group's XOR), so
+        the cost follows the data, not the 65,536 shards."""
+        me = self.peers.me
+        return [s for s in shards if me in (home := self.home(n, s)) and peer in home]
 
     def _tree(self, n: int) -> tictac.Tree:
         return self.store.tree.get(n) or tictac.Tree()
 
     def groups(self, n: int, peer: str) -> dict[str, Any]:
-        hashes = self._tree(n).groups(self.shared(n, peer))
+        tree = self._tree(n)
+        hashes = tree.groups(self.shared(n, peer, list(tree.shards)))
         return {"groups": {str(g): f"{h:016x}" for g, h in hashes.items()}}
 
     def shards(self, n: int, peer: str, groups: list[int]) -> dict[str, Any]:
@@ -105,8 +110,8 @@ class Sync:
         return {
             "shards": {
                 str(s): f"{tree.shard(s):016x}"
-                for s in self.shared(n, peer)
-                if tictac.group_of(s) in wanted and tree.shard(s)
+                for s in self.shared(n, peer, list(tree.shards))
+                if tictac.group_of(s) in wanted
             }
         }
 
@@ -185,7 +190,11 @@ class Sync:
             pull = [k for k in part if k in their_keys]
             if pull:
                 values = await self.replicas.read(peer, [(n, ns, key) for ns, key in pull])
-                got = [(n, ns, key, v) for (ns, key), v in zip(pull, values, strict=True) if v]
+                got = [
+                    (n, ns, key, v)
+                    for (ns, key), v in zip(pull, values, strict=True)
+                    if v is not None and not self.purgeable(n, shard, ns, v)
+                ]
                 if got:
                     await self.replicas.local.write(got)
                     _EXCHANGED.labels("pulled").inc(len(got))
@@ -193,6 +202,7 @@ class Sync:
                 (n, ns, key, value)
                 for ns, key in part
                 if (value := self.store.get(n, shard, ns, key)) is not None
+                and not self.purgeable(n, shard, ns, value)
             ]
             if push:
                 await self.replicas.write(peer, push)
@@ -218,20 +228,21 @@ class Sync:
             return names.Namespace.decode(found.value).gc_grace_s * 1000
         return 864_000_000
 
-    async def collect_garbage(self) -> int:
+    def purgeable(self, n: int, shard: int, namespace: str, value: crdt.Value) -> bool:
+        """Whether this site would purge `value`: such a tombstone is neither pulled nor pushed
+        (otherwise replicas that purge at different moments hand it back and forth forever)."""
         now = self.now_ms()
+        if tombstones.tombstone_since(value, now) is None:
+            return False
+        return tombstones.purgeable(
+            value, now, self._grace_ms(namespace), self.synced_ms(n, shard), guard=self.gc_guard
+        )
+
+    async def collect_garbage(self) -> int:
         judged = []
         for n, shard, namespace, key, raw in self.store.all_keys():
             value = codec.decode(raw)
-            if tombstones.tombstone_since(value, now) is None:
-                continue
-            if tombstones.purgeable(
-                value,
-                now,
-                self._grace_ms(namespace),
-                self.synced_ms(n, shard),
-                guard=self.gc_guard,
-            ):
+            if self.purgeable(n, shard, namespace, value):
                 judged.append((Write(n, shard, namespace, key, value), raw))
         if judged:
             await self.store.purge(judged)
