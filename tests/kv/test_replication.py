@@ -19,6 +19,7 @@ import httpx
 
 from relay_durable.codec import b64u, unb64u
 from relay_kv import placement
+from relayctl import kv_commands
 from tests import helpers
 from tests.kv import cluster as kvc
 
@@ -76,16 +77,11 @@ def metric(replica: kvc.Replicator, name: str) -> float:
     )
 
 
-def hashes_agree(running: kvc.Cluster) -> bool:
-    for a, ra in running.replicators.items():
-        for b, rb in running.replicators.items():
-            if a < b:
-                for n in (3, 7):
-                    mine = ra.post("/internal/kv/tree/groups", {"n": n, "peer": rb.site})
-                    theirs = rb.post("/internal/kv/tree/groups", {"n": n, "peer": ra.site})
-                    if mine != theirs:
-                        return False
-    return True
+def divergence(running: kvc.Cluster) -> dict[tuple[str, str, int], list[int]]:
+    """`relayctl kv divergence`'s report, by replicator names: the pairs that differ."""
+    names = {r.site: name for name, r in running.replicators.items()}
+    report = kv_commands.divergence_report([r.url for r in running.replicators.values()], kvc.TOKEN)
+    return {(names[a], names[b], n): shards for a, b, n, shards in report if shards}
 
 
 def test_strings_sets_and_maps_through_the_ingress_and_a_cut_pair(
@@ -157,12 +153,16 @@ def test_strings_sets_and_maps_through_the_ingress_and_a_cut_pair(
         assert missed.status_code == 200, missed.text
         time.sleep(1.5)
         assert value_of(replica_c.local_value(3, "app", key)) == b"v3"
+        shard = placement.shard_of("app", key)
+        diverging = divergence(running)
+        first, second = sorted((x, c))
+        assert shard in diverging[(first, second, 3)]
         running.isolate(c, cut=False)
         eventually(
             lambda: value_of(replica_c.local_value(3, "app", key)) == b"v4",
             what="C repaired after the heal",
         )
-        eventually(lambda: hashes_agree(running), what="every pair's hashes agree")
+        eventually(lambda: divergence(running) == {}, what="every pair's hashes agree")
         time.sleep(2.5)  # past RELAY_KV__DOWN_S: X tries C again
         again = client.put("app", key, b"v5", w=3)
         assert again.status_code == 200, again.text

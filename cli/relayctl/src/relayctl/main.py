@@ -12,12 +12,13 @@ from rich.console import Console
 from rich.table import Table
 
 from relay_bus.config import KafkaSettings
-from relayctl import calls, ds_commands, journal_commands, processes, state, suite
+from relayctl import calls, ds_commands, journal_commands, kv_commands, processes, state, suite
 
 app = typer.Typer(help="Run and inspect a Relay suite.", no_args_is_help=True, add_completion=False)
 console = Console()
 app.add_typer(journal_commands.app, name="journal")
 app.add_typer(ds_commands.app, name="ds")
+app.add_typer(kv_commands.app, name="kv")
 queue_app = typer.Typer(help="Queues of the running suite.", no_args_is_help=True)
 app.add_typer(queue_app, name="queue")
 

@@ -15,7 +15,7 @@ Invariants (checked by hypothesis in `tests/kv/test_tictac.py`):
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from relay_kv.placement import SHARD_BITS
 
@@ -32,6 +32,12 @@ def key_hash(namespace: str, key: str, encoded: bytes | None) -> int:
     h.update(key.encode("utf-8", "surrogatepass") + b"\0")
     h.update(encoded)
     return int.from_bytes(h.digest(), "big")
+
+
+def differing(mine: Mapping[str, str], theirs: Mapping[str, str]) -> list[int]:
+    """The groups or shards (keys of two exchange answers, hashes as hex) whose hashes differ;
+    a missing entry is an empty (zero) one."""
+    return sorted(int(k) for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
 
 
 def group_of(shard: int) -> int:

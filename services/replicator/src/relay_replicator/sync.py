@@ -152,11 +152,7 @@ class Sync:
         me = self.peers.me
         theirs = await self.peers.call(peer, "/internal/kv/tree/groups", {"n": n, "peer": me})
         mine = self.groups(n, peer)["groups"]
-        groups = sorted(
-            int(g)
-            for g in set(mine) | set(theirs["groups"])
-            if mine.get(g) != theirs["groups"].get(g)
-        )
+        groups = tictac.differing(mine, theirs["groups"])
         if not groups:
             return 0
         their_shards = (
@@ -165,11 +161,7 @@ class Sync:
             )
         )["shards"]
         my_shards = self.shards(n, peer, groups)["shards"]
-        differing = sorted(
-            int(s)
-            for s in set(my_shards) | set(their_shards)
-            if my_shards.get(s) != their_shards.get(s)
-        )
+        differing = tictac.differing(my_shards, their_shards)
         for shard in differing:
             await self._repair_shard(peer, n, shard)
         return len(differing)
