@@ -122,6 +122,8 @@ class Cluster:
     redis_url: str
     names: tuple[str, ...] = ("A", "B", "C", "D")
     env: dict[str, str] = field(default_factory=dict)
+    replicator_env: dict[str, dict[str, str]] = field(default_factory=dict)
+    """Extra environment of one replicator (by name), kept across its restarts."""
     replicators: dict[str, Replicator] = field(default_factory=dict)
     links: dict[tuple[str, str], Link] = field(default_factory=dict)
     ingress: subprocess.Popen[str] | None = None
@@ -185,6 +187,7 @@ class Cluster:
                 "RELAY_INSTANCE": f"replicator-{name}",
                 "RELAY_DATA__DIR": str(me.data_dir),
                 "RELAY_KV__PEERS": json.dumps(peers),
+                **self.replicator_env.get(name, {}),
             },
             self.root / f"replicator-{name}.log",
         )
@@ -216,6 +219,24 @@ class Cluster:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"partitions never settled: {held}")
             time.sleep(0.2)
+
+    def kill(self, name: str) -> None:
+        """SIGKILL a replicator (its data dir stays)."""
+        process = self.replicators[name].process
+        assert process is not None
+        process.kill()
+        process.wait()
+
+    def restart(self, name: str) -> None:
+        """Start a killed replicator again on its port and data dir; wait until it is ready."""
+        self._start_replicator(name)
+        replicator = self.replicators[name]
+        self._wait_ready(replicator.url, replicator.process)
+
+    def signal(self, name: str, signum: int) -> None:
+        process = self.replicators[name].process
+        assert process is not None
+        process.send_signal(signum)
 
     def cut(self, a: str, b: str, cut: bool = True) -> None:
         self.links[(a, b)].set_cut(cut)
@@ -257,9 +278,9 @@ def cluster(root: Path, kafka: helpers.Kafka, redis_url: str, **env: str) -> Ite
 class Client:
     """The `/v1/kv` API through the ingress, as a client uses it."""
 
-    def __init__(self, url: str, token: str = "") -> None:
+    def __init__(self, url: str, token: str = "", timeout_s: float = 30) -> None:
         self.url = url
-        self.http = httpx.Client(base_url=url, timeout=30)
+        self.http = httpx.Client(base_url=url, timeout=timeout_s)
         self.token = token
 
     def _auth(self) -> dict[str, str]:

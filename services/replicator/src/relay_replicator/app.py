@@ -9,6 +9,7 @@ transport, storage and clock choices.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from fastapi import FastAPI
@@ -60,6 +61,8 @@ class KvSettings(BaseModel):
     """How often held hints are offered back to their targets."""
     sync_interval_s: float = Field(10.0, ge=0)
     """Seconds between anti-entropy passes (0: none)."""
+    clock_offset_ms: int = 0
+    """Added to this site's wall clock (tests skew one site's clock with it; 0 in production)."""
     gc_guard: bool = True
     """Purge a tombstone only after a completed sync with every replica (tests switch it off
     to show the deleted value coming back)."""
@@ -71,8 +74,11 @@ class ReplicatorSettings(settings.ServiceSettings):
     kv: KvSettings = KvSettings()
 
 
-def _now_ms() -> int:
-    return int(time.time() * 1000)
+def _wall_clock(offset_ms: int) -> Callable[[], int]:
+    def now_ms() -> int:
+        return int(time.time() * 1000) + offset_ms
+
+    return now_ms
 
 
 def build(config: ReplicatorSettings) -> tuple[FastAPI, BusLifecycle]:
@@ -82,6 +88,7 @@ def build(config: ReplicatorSettings) -> tuple[FastAPI, BusLifecycle]:
     root = config.data.dir / "kv"
     site = load_or_create_site(root)
     kv = config.kv
+    _now_ms = _wall_clock(kv.clock_offset_ms)
     token = config.admin_token.get_secret_value() if config.admin_token else None
     store = KvStore(
         root / "db",
