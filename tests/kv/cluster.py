@@ -150,7 +150,7 @@ class Cluster:
         for name in self.names:
             self._start_replicator(name)
         self.ingress_port = helpers.free_port()
-        self.ingress = self._spawn(
+        self.ingress = self.spawn(
             "relay-ingress",
             {
                 "RELAY_HTTP__PORT": str(self.ingress_port),
@@ -160,12 +160,12 @@ class Cluster:
             self.root / "ingress.log",
         )
         for replicator in self.replicators.values():
-            self._wait_ready(replicator.url, replicator.process)
+            self.wait_ready(replicator.url, replicator.process)
             replicator.site = replicator.get("/internal/kv/site")["site"]
-        self._wait_ready(self.ingress_url, self.ingress)
+        self.wait_ready(self.ingress_url, self.ingress)
         self.wait_for_partitions()
 
-    def _spawn(self, script: str, extra: dict[str, str], log: Path) -> subprocess.Popen[str]:
+    def spawn(self, script: str, extra: dict[str, str], log: Path) -> subprocess.Popen[str]:
         log.parent.mkdir(parents=True, exist_ok=True)
         env = helpers.service_env(RELAY_ADMIN_TOKEN=TOKEN, **self.kafka.env(), **self.env, **extra)
         with log.open("a") as out:
@@ -180,7 +180,7 @@ class Cluster:
             for other in self.names
             if other != name
         ]
-        me.process = self._spawn(
+        me.process = self.spawn(
             "relay-replicator",
             {
                 "RELAY_HTTP__PORT": str(me.port),
@@ -192,7 +192,7 @@ class Cluster:
             self.root / f"replicator-{name}.log",
         )
 
-    def _wait_ready(
+    def wait_ready(
         self, url: str, process: subprocess.Popen[str] | None, budget: float = 60
     ) -> None:
         deadline = time.monotonic() + budget
@@ -231,7 +231,7 @@ class Cluster:
         """Start a killed replicator again on its port and data dir; wait until it is ready."""
         self._start_replicator(name)
         replicator = self.replicators[name]
-        self._wait_ready(replicator.url, replicator.process)
+        self.wait_ready(replicator.url, replicator.process)
 
     def signal(self, name: str, signum: int) -> None:
         process = self.replicators[name].process
@@ -266,8 +266,14 @@ class Cluster:
 
 
 @contextlib.contextmanager
-def cluster(root: Path, kafka: helpers.Kafka, redis_url: str, **env: str) -> Iterator[Cluster]:
-    running = Cluster(root, kafka, redis_url, env=env)
+def cluster(
+    root: Path,
+    kafka: helpers.Kafka,
+    redis_url: str,
+    names: tuple[str, ...] = ("A", "B", "C", "D"),
+    **env: str,
+) -> Iterator[Cluster]:
+    running = Cluster(root, kafka, redis_url, names=names, env=env)
     try:
         running.start()
         yield running

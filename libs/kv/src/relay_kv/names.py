@@ -19,6 +19,8 @@ from dataclasses import asdict, dataclass
 
 NAMESPACES = "$ns"
 """Reserved namespace holding namespace definitions (clients cannot name it: `$` is refused)."""
+SYSTEM = {"$retained": 3}
+"""Relay's own replicated data (admin requests only, no token): namespace -> N."""
 NAMESPACE_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$"
 _NAMESPACE = re.compile(NAMESPACE_PATTERN)
 MAX_KEY_BYTES = 512
@@ -85,3 +87,13 @@ class Namespace:
         raw = json.loads(data)
         raw.pop("f", None)
         return cls(**raw)
+
+
+def system_namespace(namespace: str, sites: int) -> Namespace | None:
+    """The definition of one of Relay's own namespaces (`SYSTEM`), R and W a majority of the
+    home replicas that exist; None for any other namespace."""
+    n = SYSTEM.get(namespace)
+    if n is None:
+        return None
+    majority = min(n, max(sites, 1)) // 2 + 1
+    return Namespace(n=n, r=majority, w=majority, gc_grace_s=864_000, token_sha256="")

@@ -14,9 +14,6 @@ from pathlib import Path
 
 from fastapi import FastAPI
 from pydantic import BaseModel, Field
-from starlette.requests import Request
-from starlette.responses import JSONResponse
-from starlette.routing import Route
 
 from relay_bus import ping, schemas, topics
 from relay_bus.bus import Bus
@@ -25,7 +22,7 @@ from relay_bus.consumers import Received
 from relay_bus.lifecycle import BusLifecycle
 from relay_kv import hints
 from relay_kv.clock import HybridClock
-from relay_replicator import replica
+from relay_replicator import replica, routes
 from relay_replicator.coordinator import Coordinator, CoordinatorSettings, Replicas
 from relay_replicator.handoff import Handoff
 from relay_replicator.peers import Peers
@@ -137,18 +134,6 @@ def build(config: ReplicatorSettings) -> tuple[FastAPI, BusLifecycle]:
         topics.REPLICATION, handle, group_id=GROUP, start_offsets=assigned, on_revoked=revoked
     )
 
-    async def status(_: Request) -> JSONResponse:
-        """What this replicator is: its site, view, partitions coordinated, hints held."""
-        return JSONResponse(
-            {
-                "site": site,
-                "sites": list(peers.view.sites),
-                "partitions": sorted(held),
-                "hint_bytes": store.hint_bytes,
-                "sync_passes": sync.passes,
-            }
-        )
-
     async def open_store() -> None:
         store.open()
         readiness.set("store", True)
@@ -165,7 +150,10 @@ def build(config: ReplicatorSettings) -> tuple[FastAPI, BusLifecycle]:
 
     app = FastAPI(
         title="Relay replicator",
-        routes=[*probe_routes(readiness), Route("/internal/kv/status", status, methods=["GET"])],
+        routes=[
+            *probe_routes(readiness),
+            *routes.internal(site, peers, store, sync, held, coordinator, token),
+        ],
     )
     app.state.kv = (store, coordinator, handoff, sync)
     replica.install(app, local, token, sync)

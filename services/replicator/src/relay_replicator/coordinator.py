@@ -217,6 +217,11 @@ class Coordinator:
         return await handlers[request.op](request, target, r, w)
 
     async def _authorized(self, request: schemas.KvRequest) -> names.Namespace:
+        system = names.system_namespace(request.ns, len(self.peers.view.sites))
+        if system is not None:
+            if not request.admin:
+                raise Refusal(403, "FORBIDDEN", f"{request.ns} is for Relay's own services")
+            return system
         names.check_namespace(request.ns)
         cached = self._namespaces.get(request.ns)
         if cached is not None and cached[1] > time.monotonic():

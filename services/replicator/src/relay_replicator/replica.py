@@ -138,6 +138,23 @@ def router(replica: LocalReplica, token: str | None, sync: Any) -> APIRouter:
         values = replica.read([(i.n, i.ns, i.key) for i in body.items])
         return {"values": [None if v is None else codec.to_json(v) for v in values]}
 
+    @api.post("/scan")
+    async def scan(body: dict[str, Any]) -> dict[str, Any]:
+        """This replica's keys of one namespace (tombstones included), paged by (shard, key)."""
+        after = body.get("after")
+        found = replica.store.scan(
+            int(body["n"]),
+            str(body["ns"]),
+            None if after is None else (int(after[0]), str(after[1])),
+            min(int(body.get("limit", 1000)), 1000),
+        )
+        return {
+            "keys": [
+                {"shard": shard, "key": key, "value": codec.to_json(codec.decode(raw))}
+                for shard, key, raw in found
+            ]
+        }
+
     @api.post("/tree/groups")
     async def groups(body: dict[str, Any]) -> dict[str, Any]:
         result: dict[str, Any] = sync.groups(int(body["n"]), str(body["peer"]))

@@ -157,6 +157,28 @@ class KvStore:
             namespace, _, key = raw_key[len(prefix) :].partition(b"\0")
             yield namespace.decode(), key.decode(), value
 
+    def scan(
+        self, n: int, namespace: str, after: tuple[int, str] | None, limit: int
+    ) -> list[tuple[int, str, bytes]]:
+        """(shard, key, envelope) of `namespace`'s keys for replication factor `n`, in (shard,
+        key) order, after the cursor `after`; at most `limit`."""
+        prefix = DATA + bytes([n])
+        start = None if after is None else data_key(n, after[0], namespace, after[1]) + b"\0"
+        found: list[tuple[int, str, bytes]] = []
+        wanted = namespace.encode() + b"\0"
+        for raw_key, value in self._range(prefix, start):
+            if raw_key[4:].startswith(wanted):
+                found.append(
+                    (
+                        int.from_bytes(raw_key[2:4], "big"),
+                        raw_key[4 + len(wanted) :].decode(),
+                        value,
+                    )
+                )
+                if len(found) >= limit:
+                    break
+        return found
+
     def all_keys(self) -> Iterator[tuple[int, int, str, str, bytes]]:
         """(n, shard, namespace, key, envelope) of every key."""
         for raw_key, value in self._range(DATA):
