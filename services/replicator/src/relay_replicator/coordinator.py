@@ -137,6 +137,7 @@ class Coordinator:
         self.once: OncePerId[Outcome] = OncePerId(10_000, "kv_request")
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
         self._namespaces: dict[str, tuple[names.Namespace, float]] = {}
+        self._lookups: dict[str, asyncio.Future[names.Namespace]] = {}
         self._background: set[asyncio.Task[Any]] = set()
 
     # -- the consumer's side ---------------------------------------------------------------
@@ -227,13 +228,23 @@ class Coordinator:
         if cached is not None and cached[1] > time.monotonic():
             namespace = cached[0]
         else:
-            found = await self._read(self._ns_target(request.ns), self._ns_quorum())
-            if not isinstance(found, crdt.Register) or found.value is None:
-                raise Refusal(404, "NOT_FOUND", f"no namespace {request.ns!r}")
-            namespace = names.Namespace.decode(found.value)
-            self._namespaces[request.ns] = (namespace, time.monotonic() + NS_CACHE_S)
+            # One read per namespace at a time: every request waiting for it shares the answer.
+            lookup = self._lookups.get(request.ns)
+            if lookup is None:
+                lookup = asyncio.ensure_future(self._lookup(request.ns))
+                self._lookups[request.ns] = lookup
+                lookup.add_done_callback(lambda _: self._lookups.pop(request.ns, None))
+            namespace = await asyncio.shield(lookup)
         if not namespace.accepts(request.token_sha256):
             raise Refusal(401, "AUTH", "missing or wrong namespace token")
+        return namespace
+
+    async def _lookup(self, ns: str) -> names.Namespace:
+        found = await self._read(self._ns_target(ns), self._ns_quorum())
+        if not isinstance(found, crdt.Register) or found.value is None:
+            raise Refusal(404, "NOT_FOUND", f"no namespace {ns!r}")
+        namespace = names.Namespace.decode(found.value)
+        self._namespaces[ns] = (namespace, time.monotonic() + NS_CACHE_S)
         return namespace
 
     def _ns_target(self, namespace: str) -> _Target:
@@ -264,7 +275,7 @@ class Coordinator:
             token_sha256=names.token_hash(token),
         )
         await self._write_register(target, namespace.encode(), None, self._ns_quorum())
-        self._namespaces.pop(request.ns, None)
+        self._namespaces[request.ns] = (namespace, time.monotonic() + NS_CACHE_S)
         return Outcome(
             200,
             {
