@@ -502,9 +502,9 @@ class Coordinator:
                 round_.ack(site)
                 results.append(answer[0])
             except (PeerError, Refused, TimeoutError) as error:
-                log.debug("kv_replica_write_failed", site=site, error=str(error))
-                if not isinstance(error, Refused):
-                    self.peers.mark_down(site)
+                log.debug("kv_replica_write_failed", site=site, error=repr(error))
+                if isinstance(error, TimeoutError) and site != self.peers.me:
+                    self.peers.mark_down(site)  # `Peers.call` marks its own failures
                 round_.fail(site)
                 await self._hint(home, site, item)
             finally:

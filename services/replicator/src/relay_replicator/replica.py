@@ -120,12 +120,10 @@ def router(replica: LocalReplica, token: str | None, sync: Any) -> APIRouter:
 
     @api.post("/write")
     async def write(body: WriteBody) -> dict[str, Any]:
+        if any(i.value is None for i in body.items):
+            raise HTTPException(400, "every item of a write needs a value")
         try:
-            items = [
-                (i.n, i.ns, i.key, codec.from_json(i.value))
-                for i in body.items
-                if i.value is not None
-            ]
+            items = [(i.n, i.ns, i.key, codec.from_json(i.value or {})) for i in body.items]
         except codec.CorruptValue as error:
             raise HTTPException(400, str(error)) from None
         try:
