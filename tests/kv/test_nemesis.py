@@ -5,6 +5,7 @@ others. Then everything heals, every pair's hashes must agree, and the history i
 - no acknowledged add is lost (unless a remove of it was attempted afterwards);
 - no member appears that no client tried to add;
 - a member removed (acknowledged) after its last acknowledged add stays removed;
+- each client's quorum reads of the register never go back to an older version;
 - register versions follow the real-time order of acknowledged writes: a write that started
   after another was acknowledged has the greater version (the lagging clock must not win).
   Whether the lagging site coordinates a register write right after a faster one depends on
@@ -43,6 +44,8 @@ class History:
     """member -> (when the remove started, acknowledged?)."""
     writes: list[tuple[float, float, str]] = field(default_factory=list)
     """Acknowledged register writes: (start, end, version)."""
+    reads: dict[int, list[str]] = field(default_factory=dict)
+    """Per client, the register versions its successful reads returned, in order."""
     outcomes: dict[int, int] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -78,6 +81,11 @@ def client_loop(url: str, token: str, me: int, stop: threading.Event, history: H
                 if response.status_code == 200:
                     with history.lock:
                         history.removes[member] = (started, True)
+            elif choice < 0.75:
+                response = client.get("nemesis", "register")
+                if response.status_code == 200:
+                    with history.lock:
+                        history.reads.setdefault(me, []).append(response.json()["version"])
             else:
                 started = time.monotonic()
                 response = client.put("nemesis", "register", f"c{me}-{j}".encode())
@@ -178,4 +186,11 @@ def test_no_acknowledged_write_is_lost_under_a_nemesis(
             if a[1] < b[0] and not a[2] < b[2]
         ]
         assert not out_of_order, out_of_order[:5]
+        backwards = {
+            client: versions
+            for client, versions in history.reads.items()
+            if versions != sorted(versions)
+        }
+        assert not backwards, f"a client's quorum reads went back: {backwards}"
+        assert sum(len(v) for v in history.reads.values()) > 5
         assert len(history.writes) > 5
