@@ -109,6 +109,8 @@ VENV_BIN = Path(sys.executable).parent
 ROOT = Path(__file__).resolve().parent.parent
 DRAIN_TIMEOUT_S = 60.0
 START_TIMEOUT_S = 90.0
+SETUP_CONCURRENCY = 32
+"""Queues created (and SUBs, consumers, groups set up) at once before a run."""
 
 Send = Callable[[int, bytes], Awaitable[None]]
 
@@ -195,8 +197,9 @@ class Tracker:
         self.last_ack = [0.0] * self.queues
 
     @staticmethod
-    def body(queue: int, seq: int) -> bytes:
-        return HEADER.pack(queue, seq, time.perf_counter()) + PAD
+    def body(queue: int, seq: int, at: float | None = None) -> bytes:
+        """`at`: when the send was meant to be issued (a paced sender), else now."""
+        return HEADER.pack(queue, seq, time.perf_counter() if at is None else at) + PAD
 
     def got(self, queue: int, body: bytes) -> None:
         now = time.perf_counter()
@@ -240,10 +243,26 @@ class Tracker:
         return sum(max(0, self.backlog(q)) for q in range(self.queues))
 
 
-async def sender(tracker: Tracker, mine: list[int], send: Send, stop: asyncio.Event) -> None:
-    """Round robin over this sender's queues, one send at a time, skipping full queues."""
+async def sender(
+    tracker: Tracker,
+    mine: list[int],
+    send: Send,
+    stop: asyncio.Event,
+    interval_s: float | None = None,
+) -> None:
+    """Round robin over this sender's queues, one send at a time, skipping full queues.
+
+    With `interval_s` the sender is paced (the fixed-rate run): send k is due at
+    start + k * interval_s, and its latencies count from when it was due, not from when it was
+    issued, so a system that falls behind shows it (no coordinated omission)."""
     turn = 0
+    due = time.perf_counter()
     while not stop.is_set():
+        if interval_s is not None:
+            due += interval_s
+            lag = due - time.perf_counter()
+            if lag > 0:
+                await asyncio.sleep(lag)
         for k in range(len(mine)):
             queue = mine[(turn + k) % len(mine)]
             if tracker.backlog(queue) < tracker.window:
@@ -256,9 +275,9 @@ async def sender(tracker: Tracker, mine: list[int], send: Send, stop: asyncio.Ev
                 await asyncio.wait_for(tracker.room.wait(), 0.05)
             continue
         seq = tracker.sent[queue]
-        started = time.perf_counter()
+        started = time.perf_counter() if interval_s is None else due
         try:
-            await send(queue, tracker.body(queue, seq))
+            await send(queue, tracker.body(queue, seq, started))
         except Exception as error:  # counted and reported; the same sequence is sent again
             tracker.error("send", repr(error))
             await asyncio.sleep(0.05)
@@ -316,8 +335,11 @@ async def measure(
     await system.receive(tracker, [g for g in groups if g])
     sends = await system.senders(args.senders)
     stop = asyncio.Event()
+    interval_s = args.senders / args.rate if args.rate else None
     tasks = [
-        asyncio.create_task(sender(tracker, list(range(s, queues, args.senders)), send, stop))
+        asyncio.create_task(
+            sender(tracker, list(range(s, queues, args.senders)), send, stop, interval_s)
+        )
         for s, send in enumerate(sends)
     ]
     await asyncio.sleep(args.warmup)
@@ -357,15 +379,23 @@ async def measure(
         for name in cpu_before
         if name in cpu_after
     }
+    msgs_per_s = tracker.in_window / elapsed
+    cpu_per_1000 = {
+        name: round((cpu_after[name] - cpu_before[name]) / max(1, tracker.in_window) * 1000, 3)
+        for name in cpu_before
+        if name in cpu_after
+    }
     return {
-        "msgs_per_s": round(tracker.in_window / elapsed),
+        "msgs_per_s": round(msgs_per_s),
         "sends_per_s": round(sent_in_window / elapsed),
         "p50_ms": pct(0.50),
         "p90_ms": pct(0.90),
         "p99_ms": pct(0.99),
+        "p999_ms": pct(0.999),
         "max_ms": pct(1.0),
         "send_p50_ms": pct(0.50, sends),
         "send_p99_ms": pct(0.99, sends),
+        "send_p999_ms": pct(0.999, sends),
         "ack_to_next_p50_ms": pct(0.50, cycles),
         "ack_to_next_p99_ms": pct(0.99, cycles),
         "sent": sum(tracker.sent),
@@ -376,10 +406,54 @@ async def measure(
         "stalls": tracker.stalls,
         "error_kinds": dict(tracker.errors.most_common(5)),
         "cpu": cpu,
+        "cpu_s_per_1000": cpu_per_1000,
     }
 
 
 # -- Relay ----------------------------------------------------------------------------------
+
+
+class RawHttp:
+    """One keep-alive HTTP/1.1 connection that POSTs JSON and reads the status and body: the
+    sender's client. httpx costs ~1 ms of CPU per request, about 5 times what the NATS and
+    Redis clients cost per send; on two cores that CPU is taken from the servers, so Relay's
+    figures would measure its client. Relay's answers always carry a Content-Length."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
+        if self.writer is None or self.reader is None:
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        )
+        self.writer.write(head.encode() + body)
+        try:
+            status_line = await self.reader.readline()
+            length = 0
+            while (line := await self.reader.readline()) not in (b"\r\n", b""):
+                name, _, value = line.partition(b":")
+                if name.strip().lower() == b"content-length":
+                    length = int(value)
+            payload = await self.reader.readexactly(length)
+        except (OSError, asyncio.IncompleteReadError, ValueError):
+            await self.close()
+            raise
+        if not status_line:
+            await self.close()
+            raise ConnectionError("connection closed")
+        return int(status_line.split()[1]), payload
+
+    async def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            with contextlib.suppress(OSError):
+                await self.writer.wait_closed()
+        self.reader = self.writer = None
 
 
 class Relay(System):
@@ -418,7 +492,7 @@ class Relay(System):
         self.recipients: list[str] = []
         self.sender_ids: list[str] = []
         self.index: dict[str, int] = {}
-        self.clients: list[httpx.AsyncClient] = []
+        self.clients: list[RawHttp] = []
         self.sockets: list[Any] = []
         self.tasks: list[asyncio.Task[None]] = []
 
@@ -448,38 +522,43 @@ class Relay(System):
         stop_process(self.process, signal.SIGINT)
 
     async def setup(self, queues: int) -> None:
-        async with httpx.AsyncClient(base_url=self.url, timeout=30) as http:
-            for q in range(queues):
-                key = Ed25519PrivateKey.generate()
-                public = key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
-                response = await http.post("/v1/queues", json={"recipient_key": b64u(public)})
-                response.raise_for_status()
-                created = response.json()
-                self.keys.append(key)
-                self.recipients.append(created["recipient_id"])
-                self.sender_ids.append(created["sender_id"])
-                self.index[created["recipient_id"]] = q
+        self.keys = [Ed25519PrivateKey.generate() for _ in range(queues)]
+        self.recipients = [""] * queues
+        self.sender_ids = [""] * queues
+        limits = httpx.Limits(max_connections=SETUP_CONCURRENCY)
+
+        async def create(http: httpx.AsyncClient, q: int) -> None:
+            public = self.keys[q].public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+            response = await http.post("/v1/queues", json={"recipient_key": b64u(public)})
+            response.raise_for_status()
+            created = response.json()
+            self.recipients[q] = created["recipient_id"]
+            self.sender_ids[q] = created["sender_id"]
+            self.index[created["recipient_id"]] = q
+
+        async with httpx.AsyncClient(base_url=self.url, timeout=60, limits=limits) as http:
+            for first in range(0, queues, SETUP_CONCURRENCY):
+                batch = range(first, min(queues, first + SETUP_CONCURRENCY))
+                await asyncio.gather(*(create(http, q) for q in batch))
 
     def sign(self, queue: int, text: str) -> str:
         return b64u(self.keys[queue].sign(text.encode()))
 
     async def senders(self, count: int) -> list[Send]:
-        def make(http: httpx.AsyncClient) -> Send:
+        def make(http: RawHttp) -> Send:
             async def send(queue: int, body: bytes) -> None:
-                response = await http.post(
+                status, answer = await http.post(
                     f"/v1/send/{self.sender_ids[queue]}",
-                    content=json.dumps({"body": b64u(body)}),
-                    headers={"Content-Type": "application/json"},
+                    b'{"body":"%s"}' % b64u(body).encode(),
                 )
-                if response.status_code != 201:
-                    raise RuntimeError(f"{response.status_code} {response.text[:80]}")
+                if status != 201:
+                    raise RuntimeError(f"{status} {answer[:80]!r}")
 
             return send
 
-        self.clients = [
-            httpx.AsyncClient(base_url=self.url, timeout=30, limits=httpx.Limits(max_connections=1))
-            for _ in range(count)
-        ]
+        host, port = httpx.URL(self.url).host, httpx.URL(self.url).port
+        assert port is not None
+        self.clients = [RawHttp(host, port) for _ in range(count)]
         return [make(http) for http in self.clients]
 
     async def receive(self, tracker: Tracker, groups: list[list[int]]) -> None:
@@ -543,7 +622,7 @@ class Relay(System):
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
         for http in self.clients:
-            await http.aclose()
+            await http.close()
 
 
 # -- NATS JetStream ---------------------------------------------------------------------------
@@ -591,7 +670,8 @@ class Nats(System):
         nc = await self._connect()
         js = nc.jetstream()
         await js.add_stream(name="BENCH", subjects=["q.*"], storage=StorageType.FILE)
-        for q in range(queues):
+
+        async def consumer(q: int) -> None:
             await js.add_consumer(
                 "BENCH",
                 ConsumerConfig(
@@ -603,6 +683,10 @@ class Nats(System):
                     max_ack_pending=1,
                 ),
             )
+
+        for first in range(0, queues, SETUP_CONCURRENCY):
+            batch = range(first, min(queues, first + SETUP_CONCURRENCY))
+            await asyncio.gather(*(consumer(q) for q in batch))
 
     async def senders(self, count: int) -> list[Send]:
         def make(js: Any) -> Send:
@@ -687,9 +771,10 @@ class RedisStreams(System):
         return client
 
     async def setup(self, queues: int) -> None:
-        client = self._client()
+        pipe = self._client().pipeline(transaction=False)
         for q in range(queues):
-            await client.xgroup_create(f"q{q}", "g", id="0", mkstream=True)
+            pipe.xgroup_create(f"q{q}", "g", id="0", mkstream=True)
+        await pipe.execute()
 
     async def senders(self, count: int) -> list[Send]:
         def make(client: Redis) -> Send:
@@ -964,6 +1049,30 @@ def run_one(kind: type[System], work: Path, args: argparse.Namespace) -> dict[st
     return result
 
 
+LEVELS = ((8, 100), (64, 1000), (512, 10_000))
+"""The sweep's concurrency levels: (senders, queues)."""
+
+
+def run_level(
+    work: Path, args: argparse.Namespace, label: str, **overrides: Any
+) -> dict[str, dict[str, Any]]:
+    """Every system (or those of `--only`) at one level, one after the other."""
+    level = argparse.Namespace(**{**vars(args), **overrides})
+    results: dict[str, dict[str, Any]] = {}
+    for kind in (Relay, Nats, RedisStreams):
+        if args.only and kind.name not in args.only:
+            continue
+        folder = work / f"{label}-{kind.name}"
+        folder.mkdir()
+        what = f"{level.senders} senders, {level.queues} queues"
+        if level.rate:
+            what += f", {level.rate} msgs/s"
+        print(f"{label}: {kind.name} ({what})", file=sys.stderr, flush=True)
+        results[kind.name] = run_one(kind, folder, level)
+        results[kind.name].update(senders=level.senders, queues=level.queues, rate=level.rate)
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--queues", type=int, default=100)
@@ -972,6 +1081,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=15.0, help="measured duration")
     parser.add_argument("--warmup", type=float, default=5.0)
     parser.add_argument("--window", type=int, default=64, help="unreceived messages per queue")
+    parser.add_argument("--rate", type=float, help="paced senders: this many msgs/s in all")
+    parser.add_argument("--sweep", action="store_true", help="every level, then the fixed rate")
     parser.add_argument("--only", choices=["relay", "nats", "redis"], action="append")
     parser.add_argument("--profile", type=Path, help="py-spy the Relay run into this folder")
     parser.add_argument("--hops", action="store_true", help="time Relay's bus hops")
@@ -988,41 +1099,59 @@ def main() -> None:
     base = Path("var")
     base.mkdir(exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="queues-bench-", dir=base)).resolve()
-    results: dict[str, dict[str, Any]] = {}
-    kinds: list[type[System]] = [Relay, Nats, RedisStreams]
+    levels: dict[str, dict[str, dict[str, Any]]] = {}
     try:
-        for kind in kinds:
-            if args.only and kind.name not in args.only:
-                continue
-            folder = work / kind.name
-            folder.mkdir()
-            print(f"{kind.name}: running", file=sys.stderr, flush=True)
-            results[kind.name] = run_one(kind, folder, args)
+        if not args.sweep:
+            levels[str(args.senders)] = run_level(work, args, str(args.senders))
+        else:
+            for senders, queues in LEVELS:
+                levels[str(senders)] = run_level(
+                    work, args, str(senders), senders=senders, queues=queues, rate=None
+                )
+            # Half of Relay's best level, offered to every system at that level's shape.
+            best = max(levels.values(), key=lambda r: r.get("relay", {}).get("msgs_per_s", 0))
+            if "relay" in best:
+                relay = best["relay"]
+                rate = max(1.0, relay["msgs_per_s"] / 2)
+                levels["fixed"] = run_level(
+                    work,
+                    args,
+                    "fixed",
+                    senders=relay["senders"],
+                    queues=relay["queues"],
+                    rate=rate,
+                )
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print_report(results, args)
-    report.emit(json_summary(results, args, load_before))
+    for label, results in levels.items():
+        print_report(label, results, args)
+    report.emit(json_summary(levels, args, load_before))
 
 
-def print_report(results: dict[str, dict[str, Any]], args: argparse.Namespace) -> None:
+def print_report(label: str, results: dict[str, dict[str, Any]], args: argparse.Namespace) -> None:
     columns = [
         ("msgs/s", "msgs_per_s"),
-        ("sends/s", "sends_per_s"),
         ("p50", "p50_ms"),
-        ("p90", "p90_ms"),
         ("p99", "p99_ms"),
-        ("max", "max_ms"),
+        ("p999", "p999_ms"),
         ("send p50", "send_p50_ms"),
         ("send p99", "send_p99_ms"),
+        ("send p999", "send_p999_ms"),
         ("ack>next p50", "ack_to_next_p50_ms"),
         ("sent", "sent"),
         ("missing", "missing"),
         ("dups", "duplicates"),
         ("errors", "errors"),
     ]
-    print()
-    print("latencies in ms: p50..max send issued -> received; send = until acknowledged;")
-    print("ack>next = receiver's ack -> the queue's next (already waiting) message received")
+    first = next(iter(results.values()), None)
+    if first is None:
+        return
+    shape = f"{first['senders']} senders, {first['queues']} queues"
+    if first["rate"]:
+        shape += f", senders paced at {first['rate']:.0f} msgs/s in all"
+    print(f"\n== {label}: {shape}")
+    print("latencies in ms: p50..p999 send issued (or due, when paced) -> received;")
+    print("send = until acknowledged; ack>next = ack -> the queue's next waiting message")
     print(f"{'system':<6} " + " ".join(f"{title:>{max(8, len(title))}}" for title, _ in columns))
     for name, r in results.items():
         cells = [f"{r[key]!s:>{max(8, len(title))}}" for title, key in columns]
@@ -1030,6 +1159,7 @@ def print_report(results: dict[str, dict[str, Any]], args: argparse.Namespace) -
     for name, r in results.items():
         print(f"{name} server: {r['server']}")
         print(f"{name} cores used in the window: {r['cpu']}")
+        print(f"{name} CPU s per 1,000 messages: {r['cpu_s_per_1000']}")
         print(f"{name} sender waits for a full window: {r['stalls']}")
         if r["error_kinds"]:
             print(f"{name} errors: {r['error_kinds']}")
@@ -1045,42 +1175,57 @@ def print_report(results: dict[str, dict[str, Any]], args: argparse.Namespace) -
 
 
 def json_summary(
-    results: dict[str, dict[str, Any]], args: argparse.Namespace, load_before: float
+    levels: dict[str, dict[str, dict[str, Any]]], args: argparse.Namespace, load_before: float
 ) -> dict[str, Any]:
+    """Per level L (senders, or `fixed`) and system S: `S_L_<figure>`, and `ratio_vs_<peer>_L`
+    (Relay's msgs/s over the peer's). Without `--sweep`, `ratio_vs_<peer>` too."""
     summary: dict[str, Any] = {
         "benchmark": "queues",
-        "queues": args.queues,
-        "senders": args.senders,
+        "levels": {
+            label: [next(iter(r.values()))["senders"], next(iter(r.values()))["queues"]]
+            for label, r in levels.items()
+            if r
+        },
         "receivers": args.receivers,
         "duration_s": args.seconds,
         "warmup_s": args.warmup,
         "body_bytes": BODY_BYTES,
         "window": args.window,
     }
-    for name, r in results.items():
-        for key in (
-            "msgs_per_s",
-            "p50_ms",
-            "p99_ms",
-            "p90_ms",
-            "sends_per_s",
-            "send_p50_ms",
-            "send_p99_ms",
-        ):
-            summary[f"{name}_{key}"] = r[key]
-        for key in ("sent", "missing", "duplicates", "errors"):
-            summary[f"{name}_{key}"] = r[key]
-        summary[f"{name}_cpu"] = r["cpu"]
-    relay = results.get("relay", {}).get("msgs_per_s")
-    for peer in ("nats", "redis"):
-        other = results.get(peer, {}).get("msgs_per_s")
-        summary[f"ratio_vs_{peer}"] = round(relay / other, 3) if relay and other else None
-    summary["relay_server"] = results.get("relay", {}).get("server")
-    summary["relay_hops"] = results.get("relay", {}).get("hops")
-    summary["nats_server"] = results.get("nats", {}).get("server")
-    summary["redis_server"] = results.get("redis", {}).get("server")
+    for label, results in levels.items():
+        for name, r in results.items():
+            for key in (
+                "msgs_per_s",
+                "p50_ms",
+                "p99_ms",
+                "p999_ms",
+                "send_p50_ms",
+                "send_p99_ms",
+                "send_p999_ms",
+                "missing",
+                "duplicates",
+                "errors",
+                "cpu_s_per_1000",
+            ):
+                summary[f"{name}_{label}_{key}"] = r[key]
+        relay = results.get("relay", {}).get("msgs_per_s")
+        for peer in ("nats", "redis"):
+            other = results.get(peer, {}).get("msgs_per_s")
+            ratio = round(relay / other, 3) if relay and other else None
+            summary[f"ratio_vs_{peer}_{label}"] = ratio
+            if not args.sweep:
+                summary[f"ratio_vs_{peer}"] = ratio
+    if levels.get("fixed"):
+        summary["fixed_rate_offered_msgs_per_s"] = next(iter(levels["fixed"].values()))["rate"]
+    any_level = next(iter(levels.values()), {})
+    summary["relay_server"] = any_level.get("relay", {}).get("server")
+    summary["relay_hops"] = any_level.get("relay", {}).get("hops")
+    summary["nats_server"] = any_level.get("nats", {}).get("server")
+    summary["redis_server"] = any_level.get("redis", {}).get("server")
     summary["correct"] = all(
-        not (r["missing"] or r["duplicates"] or r["errors"]) for r in results.values()
+        not (r["missing"] or r["duplicates"] or r["errors"])
+        for results in levels.values()
+        for r in results.values()
     )
     summary["profiled"] = bool(args.profile)
     summary["load_avg_1m"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]

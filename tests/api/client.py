@@ -66,7 +66,7 @@ class Recipient:
     def send(self, body: bytes = b"hello", **extra: Any) -> httpx.Response:
         return self.http.post(f"/v1/send/{self.sender}", json={"body": b64u(body), **extra})
 
-    def sub(self, frame_id: str = "s", ts: int | None = None) -> dict[str, Any]:
+    def sub(self, frame_id: object = "s", ts: int | None = None) -> dict[str, Any]:
         ts = int(time.time()) if ts is None else ts
         sig = self.sign(f"SUB\n{self.queue}\n{ts}")
         return {"id": frame_id, "cmd": "SUB", "queue": self.queue, "ts": ts, "sig": sig}

@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from relay_bus import routing
-from relay_streams.model import Stream
+from relay_ds.tokens import Stream
 from relay_streams.store import StreamStore
 from tests import helpers
 

@@ -147,9 +147,15 @@ def test_delete(http: httpx.Client) -> None:
 
 def test_expired_messages_are_never_delivered(http: httpx.Client) -> None:
     r = Recipient(http).create()
-    r.send(b"short", ttl_s=1)
+    short = r.send(b"short", ttl_s=1).json()
     keep = r.send(b"long").json()["msg_id"]
-    time.sleep(1.2)
+    deadline = time.monotonic() + 10
+    while (head := r.call("GET", "/head").json()["msg_id"]) != keep:
+        # Handed out while alive; never once its ttl has passed.
+        assert head == short["msg_id"]
+        assert time.time() * 1000 < short["ts"] + 2000, "an expired message was handed out"
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
     assert r.call("GET", "/head").json()["msg_id"] == keep
 
 

@@ -191,8 +191,10 @@ _b64ish = st.one_of(
     ),
     st.text(max_size=20),
 )
+_huge = st.one_of(st.integers(2**53, 10**400), st.integers(-(10**400), -(2**53)), st.just(10**4000))
 _times = st.one_of(
     st.integers(-(2**40), 2**40),
+    _huge,
     st.just("now"),
     st.just("stale"),
     st.text(max_size=5),
@@ -228,6 +230,9 @@ def _frames(canary: Recipient) -> st.SearchStrategy[str | bytes]:
         st.binary(max_size=64),
         st.text(max_size=64),
         st.just("x" * 70_000),
+        st.integers(50, 20_000).map(lambda depth: "[" * depth + "]" * depth),
+        st.integers(50, 10_000).map(lambda depth: '{"a":' * depth + "1" + "}" * depth),
+        _huge.map(lambda n: f'{{"id": 1, "cmd": "SUB", "ts": {n}}}'),
         st.recursive(
             st.none() | st.booleans() | st.integers() | st.text(max_size=5),
             lambda inner: (
@@ -242,26 +247,55 @@ def _frames(canary: Recipient) -> st.SearchStrategy[str | bytes]:
 def test_fuzzed_frames_get_one_error_reply_each_and_change_nothing(
     http: httpx.Client, ws_url: str
 ) -> None:
+    """On a connection that holds the canary queue's subscription: every fuzzed frame (bad
+    SUBs of that queue included) gets exactly one error reply, and afterwards the queue is as
+    it was and the subscription still delivers."""
     canary = Recipient(http).create()
     msg_id = canary.send(b"canary").json()["msg_id"]
     before = canary.call("GET").json()
 
-    @given(frames=st.lists(_frames(canary), min_size=1, max_size=4))
-    @settings(
-        max_examples=60, deadline=None, database=None, suppress_health_check=list(HealthCheck)
-    )
-    def fuzz(frames: list[str | bytes]) -> None:
-        async def run() -> None:
-            async with connect(ws_url) as ws:
-                for frame in frames:
-                    await send(ws, frame)
-                    reply = await recv(ws)
-                    assert reply.get("ok") is False, reply  # nothing here is validly signed
-                    assert reply["error"] in {"BAD_REQUEST", "AUTH", "TOO_LARGE", "RATE_LIMITED"}
-                    assert "type" not in reply
+    async def reply_to(ws: ClientConnection) -> dict[str, Any]:
+        """The next reply, past the pushes of the held subscription (never an END)."""
+        while True:
+            frame = await recv(ws)
+            assert frame.get("type") != "END", frame
+            if "type" not in frame:
+                return frame
 
-        asyncio.run(run())
+    async def run() -> None:
+        async with connect(ws_url) as ws:
+            await send(ws, canary.sub("held"))
+            assert await reply_to(ws) == {"id": "held", "ok": True}
 
-    fuzz()
-    assert canary.call("GET").json() == before
-    assert canary.call("GET", "/head").json()["msg_id"] == msg_id
+            @given(frames=st.lists(_frames(canary), min_size=1, max_size=4))
+            @settings(
+                max_examples=60,
+                deadline=None,
+                database=None,
+                suppress_health_check=list(HealthCheck),
+            )
+            def fuzz(frames: list[str | bytes]) -> None:
+                async def example() -> None:
+                    for frame in frames:
+                        await send(ws, frame)
+                        reply = await reply_to(ws)
+                        assert reply.get("ok") is False, reply  # nothing here is validly signed
+                        allowed = {"BAD_REQUEST", "AUTH", "TOO_LARGE", "RATE_LIMITED"}
+                        assert reply["error"] in allowed, reply
+
+                asyncio.run_coroutine_threadsafe(example(), loop).result(60)
+
+            loop = asyncio.get_running_loop()
+            await asyncio.to_thread(fuzz)
+            assert canary.call("GET").json() == before
+            assert canary.call("GET", "/head").json()["msg_id"] == msg_id
+            # The subscription survived every bad SUB of its queue: an ACK brings the next one.
+            await asyncio.sleep(2.5)  # a full frame bucket again (the module's limit is 20/s)
+            second = canary.send(b"after").json()["msg_id"]
+            await send(ws, canary.ack(msg_id, "ack"))
+            frames = [await recv(ws), await recv(ws)]
+            assert {"id": "ack", "ok": True} in frames, frames
+            pushed = [f for f in frames if f.get("type") == "MSG"]
+            assert [f["msg_id"] for f in pushed] == [second], frames
+
+    asyncio.run(run())

@@ -63,6 +63,22 @@ def test_timestamp_window() -> None:
     for bad in [str(int(now) - 301), str(int(now) + 301), "", "12a", "-5", None, True, "1" * 13]:
         with pytest.raises(auth.AuthError):
             auth.parse_timestamp(bad, now)  # type: ignore[arg-type]
+    # Header bytes read as latin-1 ("1\xb2" is "1²", a digit to str.isdigit), and integers
+    # no float holds (a WebSocket frame's ts): refused as AuthError, never another exception.
+    for hostile in ["1\xb2", "\u0661\u0662", "1\x00", 10**400, -(10**400), 2**63]:
+        with pytest.raises(auth.AuthError):
+            auth.parse_timestamp(hostile, now)
+
+
+@given(st.one_of(st.text(max_size=20), st.integers(), st.none(), st.booleans()))
+def test_any_timestamp_is_taken_or_refused_with_auth_error(value: str | int | None) -> None:
+    now = time.time()
+    try:
+        taken = auth.parse_timestamp(value, now)
+    except auth.AuthError:
+        return
+    assert isinstance(taken, int)
+    assert abs(taken - now) <= auth.SKEW_S
 
 
 @pytest.mark.parametrize("value", [None, "", "@@@", ids.b64u(b"x" * 63)])

@@ -9,6 +9,7 @@ import asyncio
 import time
 from pathlib import Path
 
+import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
@@ -74,7 +75,11 @@ async def test_create_send_and_read_answer_once_durable(tmp_path: Path) -> None:
             **_routing("c"), queue=queue, sender=sender, recipient_key=public
         )
         await writer.handle(create, p, 0)
-        assert (await writer.answer("c")).status == 201
+        created = await writer.answer("c")
+        assert created.status == 201
+        answer = created.answer(schemas.QueueCreated)
+        assert answer is not None
+        assert (answer.recipient_id, answer.sender_id) == (queue, sender)
         body = ids.b64u(b"hello")
         send = schemas.SendMessage(**_routing("s"), sender=sender, msg_id=ids.new_id(), body=body)
         await writer.handle(send, p, 1)
@@ -84,6 +89,7 @@ async def test_create_send_and_read_answer_once_durable(tmp_path: Path) -> None:
         assert isinstance(events[-1], schemas.QueueEvent)
         assert events[-1].head is not None
         assert events[-1].head.body == body
+        assert sent.answer(schemas.Sent) == schemas.Sent(msg_id=send.msg_id, ts=events[-1].head.ts)
         ts = int(time.time())
         text = auth.rest_text("GET", f"/v1/queues/{queue}/head", ts, b"")
         head = schemas.ReadHead(
@@ -92,6 +98,11 @@ async def test_create_send_and_read_answer_once_durable(tmp_path: Path) -> None:
         await writer.handle(head, p, 2)
         read = await writer.answer("h")
         assert (read.status, read.data) == (200, events[-1].head.frame())
+        assert read.answer(schemas.QueueMessage) == schemas.QueueMessage(
+            msg_id=send.msg_id, ts=events[-1].head.ts, body=body
+        )
+        with pytest.raises(schemas.SchemaError, match="not a QueueInfo"):
+            read.answer(schemas.QueueInfo)
         # The reply reaches the asker's inbox slot.
         assert [part for t, r, part in bus.posted if r is read] == [5]
 

@@ -330,6 +330,16 @@ async def test_a_request_id_read_twice_runs_once_and_is_answered_per_copy(tmp_pa
             (topic, b"two", TS + 1),
         ]
 
+        # A copy of an older retained publish, read again after a newer one, changes nothing.
+        kept = _topic_on(LOWEST, "kept")
+        older = _publish("older", kept, b"old")
+        assert (await retainer.ask(older, LOWEST)).status == 202
+        assert (await retainer.ask(_publish("newer", kept, b"new"), LOWEST)).status == 202
+        await retainer.handle(older.model_copy(), LOWEST)
+        first, copy = await retainer.answers("older", 2)
+        assert first == copy
+        assert _data(await retainer.read(kept, LOWEST), 200)["payload"] == b64u(b"new")
+
         # A match goes to every partition: one run, one answer per partition, data on the lowest.
         for name, t in (("p-low", low), ("p-high", high)):
             part = LOWEST if t == low else OTHER
@@ -448,13 +458,15 @@ async def test_refused_input_is_answered_4xx_and_changes_nothing(tmp_path: Path)
             "good": _publish("g1", _topic_on(LOWEST, "g/1"), b"ok"),
             "over max_payload_bytes": _publish("b1", _topic_on(LOWEST, "g/2"), b"x" * 9),
             "wildcard topic": _publish("b2", "g/#", b"x"),
+            "topic of another partition": _publish("b4", _topic_on(OTHER, "g/4"), b"x"),
             "also good": _publish("g2", _topic_on(LOWEST, "g/3"), b"ok"),
         }
         bad_payload = writes["good"].model_copy(update={"id": "b3", "payload": "a+b/"})
         for record in (*writes.values(), bad_payload):
             await retainer.handle(record, LOWEST)
         statuses = [(await retainer.answer(r.id)).status for r in (*writes.values(), bad_payload)]
-        assert statuses == [202, 400, 400, 202, 400]
+        assert statuses == [202, 400, 400, 400, 202, 400]
+        assert (await retainer.read(_topic_on(OTHER, "g/4"), OTHER)).status == 404
         for bad_read in (
             _retained("f1", "match", filter="g/+/#/x", limit=10),
             _retained("f2", "match", filter="g/#", limit=0),

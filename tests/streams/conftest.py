@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 from rocksdict import Options, Rdict
 
+from relay_ds.tokens import Stream
 from relay_streams.database import Database
-from relay_streams.model import Message, Stream
+from relay_streams.model import Message
 from relay_streams.store import StreamStore
 
 

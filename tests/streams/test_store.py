@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from relay_ds.info import Replica, SiteShard, Transition, render_info
+from relay_ds.tokens import Stream, StreamIterator
 from relay_streams.errors import (
     BadInput,
     BadToken,
@@ -21,7 +22,7 @@ from relay_streams.errors import (
     UnknownLayout,
 )
 from relay_streams.layouts import base
-from relay_streams.model import Message, Stream, StreamIterator
+from relay_streams.model import Message
 from relay_streams.settings import DbSettings
 from relay_streams.shard import shard_of
 from relay_streams.store import StreamStore

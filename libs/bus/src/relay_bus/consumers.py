@@ -4,6 +4,13 @@ Invariants:
 - at-least-once: an offset is committed only after the handler returned for that record and
   every earlier one of its partition; a handler that raises is retried from the same record
   after a back-off, so a record is never skipped because its handler failed;
+- a consumer that resumes from its committed offsets (no `start_offsets`) commits after every
+  batch, in line: the committed offset is its resume point, kept as close as its handler
+  allows. One with `start_offsets` keeps its own resume point (the queue-writer's applied log,
+  delivery's state), so its commits only show lag: they leave the record path, at most one
+  under way, in the background, at most every `commit_interval_ms` (an OffsetCommit per batch
+  cost a broker round trip and a write to `__consumer_offsets` on every hop). Stop and
+  revocation commit in line;
 - a record this build cannot decode is counted, logged once and skipped (it would fail forever);
 - `stop()` lets the batch in hand finish, commits, and leaves the group before returning;
 - with `start_offsets`, reading starts where it says, on every assignment (fixed partitions at
@@ -14,6 +21,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
@@ -108,6 +116,8 @@ class Consumer:
         self._stopping = asyncio.Event()
         self._reset_requested = False
         self._handled: dict[clients.TopicPartition, int] = {}
+        self._committing: asyncio.Task[None] | None = None
+        self._next_commit = 0.0
 
     @property
     def name(self) -> str:
@@ -171,7 +181,18 @@ class Consumer:
                         self._consumer.seek(tp, message.offset)
                         await asyncio.sleep(RETRY_BACKOFF_S)
                         break
-            await self._commit()
+            if self.start_offsets is None:
+                await self._commit()
+            else:
+                self._commit_when_due()
+
+    def _commit_when_due(self) -> None:
+        """Start a background commit if the interval has passed and none is under way."""
+        now = time.monotonic()
+        if now < self._next_commit or (self._committing and not self._committing.done()):
+            return
+        self._next_commit = now + self.settings.commit_interval_ms / 1000
+        self._committing = asyncio.create_task(self._commit(), name=f"{self.name}:commit")
 
     async def _handle(self, tp: clients.TopicPartition, message: object) -> bool:
         value: bytes | None = getattr(message, "value", None)
@@ -204,22 +225,26 @@ class Consumer:
     async def _commit(self) -> None:
         if self._consumer is None or self.group_id is None or not self._handled:
             return
-        offsets = {
-            tp: clients.OffsetAndMetadata(offset, "") for tp, offset in self._handled.items()
-        }
+        handled = dict(self._handled)
+        offsets = {tp: clients.OffsetAndMetadata(offset, "") for tp, offset in handled.items()}
         try:
             await self._consumer.commit(offsets)
-            self._handled.clear()
         except clients.KafkaError as error:
             # Not fatal: the records are handled again after a restart, and handlers are
             # idempotent (BRIEF §4).
             log.warning("commit_failed", topic=self.topic, error=str(error))
+            return
+        for tp, offset in handled.items():  # records handled meanwhile wait for the next one
+            if self._handled.get(tp) == offset:
+                del self._handled[tp]
 
     async def stop(self) -> None:
         self._stopping.set()
         if self._task is not None:
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
+        if self._committing is not None:
+            await asyncio.gather(self._committing, return_exceptions=True)
         if self._consumer is not None:
             await self._commit()
             await self._consumer.stop()

@@ -10,7 +10,7 @@ Invariants:
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal, TypeVar, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
@@ -195,6 +195,43 @@ class QueueCommandV1(_Request):
         return upgraded
 
 
+class _Answer(BaseModel):
+    """The body of an accepted queue reply, as API.md shows it to the client."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class QueueCreated(_Answer):
+    recipient_id: str
+    sender_id: str
+    quota: int
+
+
+class Sent(_Answer):
+    msg_id: str
+    ts: int
+
+
+class QueueInfo(_Answer):
+    size: int
+    quota: int
+    status: str
+    created_at: int
+
+
+class QueueMessage(_Answer):
+    """A queue's head message (`relay_queues.delivery.Head.frame()`): a body, or the quota
+    marker."""
+
+    msg_id: str
+    ts: int
+    body: str | None = None
+    quota: bool | None = None
+
+
+AnswerT = TypeVar("AnswerT", bound=_Answer)
+
+
 class QueueReply(_Record):
     kind: Literal["queue_reply"] = "queue_reply"
     v: Literal[1] = 1
@@ -202,8 +239,19 @@ class QueueReply(_Record):
     origin: str
     status: int
     data: dict[str, Any] | None = None
+    """The answer's body (one of the `_Answer` models, read with `answer`); None for none."""
     code: str | None = None
     detail: str = ""
+
+    def answer(self, model: type[AnswerT]) -> AnswerT | None:
+        """The body as the model of the command that was asked, or `SchemaError` when the
+        queue-writer answered in another shape (never a half-read value)."""
+        if self.data is None:
+            return None
+        try:
+            return model.model_validate(self.data)
+        except ValidationError as error:
+            raise SchemaError(f"queue_reply data is not a {model.__name__}: {error}") from None
 
 
 class QueueResync(_Record):

@@ -8,6 +8,7 @@ framework, no storage engine.
   or site change must pass against it;
 - `relay_ds.batches`: a durable-stream write checked against its limits and split by the
   partition that owns each topic;
+- `relay_ds.tokens`: database names and the opaque stream and iterator strings clients hold;
 - `relay_ds.errors`: what a refusal is (400, 404 or 413 in the API).
 
 The stream store, the retainer, the ingress and relayctl all take these from here, so each value

@@ -18,3 +18,7 @@ class Unknown(LookupError):
 
 class TooLarge(ValueError):
     """The request is over one of its size limits."""
+
+
+class BadToken(Refused):
+    """An opaque stream or iterator string that no store made (or that was damaged)."""

@@ -46,14 +46,21 @@ def ack_text(queue: str, msg_id: str, timestamp: int) -> str:
     return f"ACK\n{queue}\n{msg_id}\n{timestamp}"
 
 
+MAX_TIMESTAMP = 10**12
+"""Larger timestamps are refused before any arithmetic (unix seconds, ~ year 33,000)."""
+
+
 def parse_timestamp(value: str | int | None, now_s: float, skew_s: float = SKEW_S) -> int:
     """The timestamp as an int if it is within `skew_s` of now; `AuthError` otherwise."""
     if isinstance(value, bool) or value is None:
         raise AuthError("missing timestamp")
     if isinstance(value, str):
-        if not value.isdigit() or len(value) > 12:
+        # isascii: str.isdigit() takes other scripts' digits ("1²"), which int() then refuses.
+        if not (value.isascii() and value.isdigit()) or len(value) > 12:
             raise AuthError("timestamp must be unix seconds")
         value = int(value)
+    if not -MAX_TIMESTAMP <= value <= MAX_TIMESTAMP:  # a float cannot hold 10**400
+        raise AuthError("timestamp outside the accepted window")
     if abs(value - now_s) > skew_s:
         raise AuthError("timestamp outside the accepted window")
     return value

@@ -33,6 +33,29 @@ class HttpSettings(BaseModel):
     """Interface to bind; `0.0.0.0` in containers."""
     port: int = Field(8080, ge=0, le=65535)
     """TCP port; 0 picks a free one (tests only)."""
+    header_timeout_s: float = Field(10.0, gt=0, le=300)
+    """How long a connection may take to send a request's headers (from its connect, or from the
+    first byte of a kept-alive request) before it is closed: half-open connections are shed."""
+    keep_alive_timeout_s: int = Field(5, ge=1, le=300)
+    """How long an idle kept-alive HTTP connection stays open between requests."""
+    max_header_bytes: int = Field(32768, ge=1024, le=1 << 20)
+    """Largest request line plus headers accepted (431 TOO_LARGE beyond)."""
+    max_request_bytes: int = Field(4 << 20, ge=1024, le=1 << 30)
+    """Largest request body accepted, by Content-Length or counted while streamed (413
+    TOO_LARGE beyond, before the application parses anything)."""
+    max_connections: int = Field(10_000, ge=1)
+    """Connections (HTTP and WebSocket) this process holds at once; beyond, a new connection gets
+    503 UNAVAILABLE and is closed unread. Lowered at start to what RLIMIT_NOFILE allows."""
+    max_connections_per_address: int = Field(1024, ge=1)
+    """HTTP connections (before any WebSocket upgrade) one client address may hold at once;
+    beyond, a new one gets 503 UNAVAILABLE and is closed unread."""
+    ws_handshake_timeout_s: float = Field(10.0, gt=0, le=300)
+    """How long the application may take to accept or refuse a WebSocket after its upgrade
+    request before the connection is closed."""
+    ws_ping_interval_s: float = Field(20.0, gt=0, le=600)
+    """How often the server pings an idle WebSocket connection."""
+    ws_ping_timeout_s: float = Field(20.0, gt=0, le=600)
+    """How long a ping may go unanswered before the WebSocket connection is closed."""
 
 
 class ServiceSettings(BaseSettings):
@@ -50,6 +73,9 @@ class ServiceSettings(BaseSettings):
     http: HttpSettings = HttpSettings()
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     """Minimum level of the JSON log lines written to stderr."""
+    log_events_per_s: int = Field(20, ge=1, le=100_000)
+    """Lines one event (by name) may write per second; the rest are counted in one
+    `log_suppressed` line, so a client repeating what gets logged cannot fill the disk."""
     admin_token: SecretStr | None = None
     """Bearer token for `/admin/*`; admin endpoints answer 403 while it is unset."""
     startup_timeout_s: float = Field(15.0, gt=0, le=600)

@@ -11,25 +11,24 @@ Invariants:
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from relay_ds import errors as ds_errors
+from relay_ds import tokens
+from relay_ds.tokens import GenerationId
 from relay_streams import files, sites
 from relay_streams.errors import BadInput, CorruptRecord
-from relay_streams.model import GenerationId
 from relay_streams.settings import DbSettings
-
-NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
-"""A database name (also the ingress's path pattern)."""
-_NAME = re.compile(NAME_PATTERN)
 
 
 def parse_name(name: object) -> str:
-    if not isinstance(name, str) or not _NAME.match(name):
-        raise BadInput(f"a database name is 1-64 letters, digits, '_' or '-', got {name!r}")
-    return name
+    """`relay_ds.tokens.parse_name`, refusing with this store's `BadInput`."""
+    try:
+        return tokens.parse_name(name)
+    except ds_errors.Refused as e:
+        raise BadInput(str(e)) from None
 
 
 @dataclass

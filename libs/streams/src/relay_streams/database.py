@@ -21,29 +21,22 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from rocksdict import WriteBatch
 
+from relay_ds import errors as ds_errors
 from relay_ds import info as ds_info
 from relay_ds.sites import SiteId
+from relay_ds.tokens import MAX_TS, GenerationId, ShardId, StaticIndex, Stream, StreamIterator
 from relay_streams import catalog, sites
 from relay_streams.egress import Egress
 from relay_streams.errors import BadInput, BadToken, Closed, CorruptRecord, NotFound
 from relay_streams.layouts import layout_module
-from relay_streams.model import (
-    MAX_TS,
-    GenerationId,
-    Message,
-    NextResult,
-    RankedStream,
-    ShardId,
-    StaticIndex,
-    Stream,
-    StreamIterator,
-)
+from relay_streams.model import Message, NextResult, RankedStream
 from relay_streams.settings import DbSettings
 from relay_streams.shard import Shard, shard_of
 from relay_topics import rules
@@ -74,6 +67,16 @@ def _check_ts(value: object, what: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_TS:
         raise BadInput(f"{what} must be Unix ms in 0..{MAX_TS}, got {value!r}")
     return value
+
+
+@contextmanager
+def _token_refusal() -> Iterator[None]:
+    """A string that `relay_ds.tokens` refuses is this store's `BadToken` (400 like any bad
+    input), so callers catch one hierarchy."""
+    try:
+        yield
+    except ds_errors.BadToken as e:
+        raise BadToken(str(e)) from None
 
 
 def _parse_filter(topic_filter: object) -> Levels:
@@ -295,7 +298,8 @@ class Database:
 
     def _stream(self, stream: Stream | str) -> Stream:
         if isinstance(stream, str):
-            stream = Stream.from_token(stream)
+            with _token_refusal():
+                stream = Stream.from_token(stream)
         if stream.db != self.name:
             raise BadToken(f"stream of database {stream.db!r}, not {self.name!r}")
         if stream.shard >= len(self.shards):
@@ -330,7 +334,8 @@ class Database:
         continues right after the last message returned."""
         self._alive()
         if isinstance(iterator, str):
-            iterator = StreamIterator.from_token(iterator)
+            with _token_refusal():
+                iterator = StreamIterator.from_token(iterator)
         stream = self._stream(iterator.stream)
         if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_BATCH_READ:
             raise BadInput(f"n must be in 1..{MAX_BATCH_READ}, got {n!r}")

@@ -8,6 +8,8 @@ not become durable.
 
 from __future__ import annotations
 
+from relay_ds import errors as ds_errors
+
 
 class StreamsError(Exception):
     pass
@@ -17,8 +19,9 @@ class BadInput(StreamsError, ValueError):
     """Refused input (message, token, settings, replica set); nothing was changed."""
 
 
-class BadToken(BadInput):
-    """An opaque stream or iterator string that this store did not make (or that was damaged)."""
+class BadToken(BadInput, ds_errors.BadToken):
+    """An opaque stream or iterator string that this store did not make (or that was damaged).
+    Also a `relay_ds.errors.BadToken`, which the token format itself raises."""
 
 
 class NotFound(StreamsError, LookupError):

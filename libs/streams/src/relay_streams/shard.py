@@ -28,10 +28,11 @@ from typing import Any
 import structlog
 from rocksdict import ColumnFamily, Options, Rdict, WriteBatch, WriteOptions
 
+from relay_ds.tokens import GenerationId, ShardId
 from relay_streams import catalog
 from relay_streams.errors import CorruptRecord, WriteFailed
 from relay_streams.layouts import base, layout_module
-from relay_streams.model import GenerationId, Message, ShardId
+from relay_streams.model import Message
 from relay_topics.rules import Levels
 
 log = structlog.get_logger(__name__)

@@ -29,11 +29,12 @@ import structlog
 
 from relay_ds.info import Description, DsInfo, Storage, StorageShare
 from relay_ds.sites import SiteId
+from relay_ds.tokens import Stream, StreamIterator
 from relay_ds.view import View
 from relay_streams import catalog, sites
 from relay_streams.database import Database, GenerationInfo
 from relay_streams.errors import BadInput, Closed, NotFound
-from relay_streams.model import Message, NextResult, RankedStream, Stream, StreamIterator
+from relay_streams.model import Message, NextResult, RankedStream
 from relay_streams.settings import DbSettings
 
 log = structlog.get_logger(__name__)

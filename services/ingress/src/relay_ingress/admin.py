@@ -22,8 +22,13 @@ router = APIRouter(prefix="/admin", tags=["admin"], responses=documented(400, 40
 
 def _require_admin(ctx: Ctx, authorization: Annotated[str | None, Header()] = None) -> None:
     token = ctx.config.admin_token
-    presented = (authorization or "").removeprefix("Bearer ").encode()
-    if token is None or not hmac.compare_digest(presented, token.get_secret_value().encode()):
+    scheme, _, presented = (authorization or "").partition(" ")
+    # The scheme is required (RFC 6750; its name is case-insensitive): a bare token is refused.
+    matches = hmac.compare_digest(
+        presented.encode("utf-8", "replace"),
+        (token.get_secret_value() if token is not None else "").encode(),
+    )
+    if token is None or scheme.lower() != "bearer" or not matches:
         raise ApiError(403, "FORBIDDEN", "admin token missing or wrong")
 
 

@@ -5,12 +5,12 @@ Wiring only; request handling lives in the routers, domain logic in libs.
 
 from __future__ import annotations
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 
 from relay_bus import topics
 from relay_bus.bus import Bus
 from relay_bus.lifecycle import BusLifecycle
-from relay_ingress import admin, ds, ds_admin, errors, kv, queues, retained, websocket
+from relay_ingress import admin, checks, ds, ds_admin, errors, kv, queues, retained, websocket
 from relay_ingress.connections import Connections, Limits
 from relay_ingress.context import Context
 from relay_ingress.inbox import Inbox
@@ -34,6 +34,9 @@ def build(config: IngressSettings) -> tuple[FastAPI, BusLifecycle]:
         frame_burst=config.ws_frame_burst,
         max_frame_bytes=config.ws_max_frame_bytes,
         commands_in_flight=config.ws_commands_in_flight,
+        max_outbound_frames=config.ws_max_outbound_frames,
+        max_subscriptions=config.ws_max_subscriptions,
+        max_topic_filters=config.ws_max_topic_filters,
     )
     connections = Connections(
         bus, Subscriptions(redis), config.kafka.partitions, limits, TopicSubscriptions(redis)
@@ -75,6 +78,10 @@ def build(config: IngressSettings) -> tuple[FastAPI, BusLifecycle]:
         summary="Durable message relay: queues, retained messages, durable streams.",
         version="0.1.0",
         routes=probe_routes(readiness),
+        # Relay exports Prometheus metrics, not OpenTelemetry: FastAPI's native telemetry
+        # otherwise looks the providers up (and reads the environment) on every request.
+        telemetry={"tracing": False, "metrics": False, "logs": False},
+        dependencies=[Depends(checks.utf8_request)],
     )
     app.state.context = Context(
         config=config, bus=bus, inbox=inbox, redis=redis, connections=connections

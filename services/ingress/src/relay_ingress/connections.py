@@ -19,6 +19,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import secrets
 from collections import Counter
@@ -46,6 +47,9 @@ class Limits:
     frame_burst: int
     max_frame_bytes: int
     commands_in_flight: int
+    max_outbound_frames: int = 10_000
+    max_subscriptions: int = 10_000
+    max_topic_filters: int = 1_000
 
 
 @dataclass
@@ -73,13 +77,36 @@ class Connection:
         self.commands = asyncio.Semaphore(limits.commands_in_flight)
         self.subscriptions: dict[str, Subscription] = {}
         self.filters: dict[str, TopicFilter] = {}
+        self.limits = limits
+        self.overflowed = False
+        """Set once more than `max_outbound_frames` waited: the connection is being closed."""
+        self._closing: asyncio.Task[None] | None = None
         self._out: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
         self._written = asyncio.Event()
         """Set after each frame written (or when the writer stops)."""
         self._writer = asyncio.create_task(self._write(), name=f"ws-{self.id}")
 
     def queue_frame(self, frame: dict[str, Any]) -> None:
+        """Queue a frame for the writer; past `max_outbound_frames` waiting, drop them all and
+        close the connection (1008): a reader that slow would hold memory without end."""
+        if self.overflowed:
+            return
+        if self._out.qsize() >= self.limits.max_outbound_frames:
+            self.overflowed = True
+            log.warning("ws_slow_reader_closed", waiting=self._out.qsize())
+            self._writer.cancel()  # it may be stuck on a write the client never reads
+            while not self._out.empty():
+                self._out.get_nowait()
+            self._closing = asyncio.create_task(self._close_slow(), name=f"ws-{self.id}-close")
+            return
         self._out.put_nowait(frame)
+
+    async def _close_slow(self) -> None:
+        """Tell the client why: the close frame goes out once the client reads what its socket
+        already holds (until then the connection keeps only the transport's bounded buffer,
+        and its frames are ignored); a client gone meanwhile ends it too."""
+        with contextlib.suppress(Exception):
+            await self.ws.close(code=1008, reason="slow reader: too many frames waiting")
 
     def release(self, held: Subscription | TopicFilter | None) -> None:
         """Mark `held` ready and send the frames that waited for it (once)."""
@@ -113,6 +140,8 @@ class Connection:
     async def close_writer(self) -> None:
         self._out.put_nowait(None)
         await asyncio.gather(self._writer, return_exceptions=True)
+        if self._closing is not None:
+            await asyncio.gather(self._closing, return_exceptions=True)
 
 
 class Connections:
@@ -159,11 +188,28 @@ class Connections:
     def partition(self, queue: str) -> int:
         return ids.partition_of(queue, self.partitions)
 
-    async def subscribing(self, conn: Connection, queue: str) -> None:
-        """Before the SUB command: route the queue's frames to `conn` (held until `ready`)."""
+    async def subscribing(self, conn: Connection, queue: str) -> Subscription | None:
+        """Before the SUB command: route the queue's frames to `conn` (held until `ready`).
+        Returns the subscription `conn` held already, for `refused`."""
         assert self.slot is not None
+        held = conn.subscriptions.get(queue)
         conn.subscriptions[queue] = Subscription()
         await self.subscriptions.add(self.partition(queue), queue, self.slot, conn.id)
+        return held
+
+    async def refused(self, conn: Connection, queue: str, held: Subscription | None) -> None:
+        """The SUB after `subscribing` was refused: undo it. A subscription `conn` held before
+        stays (a refused command changes nothing), with the frames that came meanwhile."""
+        if held is None:
+            await self.unsubscribe(conn, queue)
+            return
+        attempt = conn.subscriptions.get(queue)
+        conn.subscriptions[queue] = held
+        if attempt is not None and held.ready:
+            for frame in attempt.waiting:
+                conn.queue_frame(frame)
+        elif attempt is not None:
+            held.waiting.extend(attempt.waiting)
 
     def subscribed(self, conn: Connection, queue: str, reply: dict[str, Any]) -> None:
         """The SUB was accepted: its `ok`, then the frames that came meanwhile."""

@@ -21,18 +21,15 @@ import asyncio
 from typing import Annotated
 
 from fastapi import APIRouter, Body, Path, Query
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from relay_bus import routing
-from relay_ds import batches
-from relay_ds.errors import Refused, TooLarge
+from relay_ds import batches, tokens
+from relay_ds.errors import BadToken, Refused, TooLarge
 from relay_ingress import asking
-from relay_ingress.checks import B64U_PATTERN, bad, parse_filter
+from relay_ingress.checks import B64U_PATTERN, JSON_INTEGER, StrictBody, bad, parse_filter
 from relay_ingress.context import Context, Ctx
 from relay_ingress.errors import ApiError, documented
-from relay_streams import catalog
-from relay_streams.errors import BadToken
-from relay_streams.model import Stream, StreamIterator
 from relay_topics import rules as topic_rules
 
 router = APIRouter(
@@ -44,15 +41,11 @@ MAX_TS_JSON = 2**53 - 1  # ms, ~ year 287,000
 numbers as doubles (the store itself takes up to 2**63 - 1)."""
 MAX_NEXT = 1000
 """Most messages one `next` may ask for (an answer may also stop earlier, by size)."""
-DbPath = Annotated[str, Path(pattern=catalog.NAME_PATTERN, description="database name")]
-Ts = Annotated[int, Field(ge=0, le=MAX_TS_JSON, description="Unix ms")]
+DbPath = Annotated[str, Path(pattern=tokens.NAME_PATTERN, description="database name")]
+Ts = Annotated[int, Field(ge=0, le=MAX_TS_JSON, description="Unix ms"), JSON_INTEGER]
 
 
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class NewMessage(_Body):
+class NewMessage(StrictBody):
     topic: str = Field(pattern=topic_rules.TOPIC_PATTERN, description="topic name (no wildcards)")
     payload: str = Field(pattern=B64U_PATTERN, description="b64u payload")
     ts: Ts | None = None
@@ -71,7 +64,7 @@ class RankedStream(BaseModel):
     stream: str
 
 
-class NewIterator(_Body):
+class NewIterator(StrictBody):
     stream: str = Field(pattern=routing.ADDRESS_PATTERN, description="a stream string")
     filter: str = Field(min_length=1, pattern=topic_rules.FILTER_PATTERN)
     start: Ts = 0
@@ -103,7 +96,7 @@ def _addressed(ctx: Context, text: str, what: str) -> tuple[int, str]:
 def _stream_token(ctx: Context, db: str, text: str) -> tuple[int, str]:
     partition, inner = _addressed(ctx, text, "stream")
     try:
-        stream = Stream.from_token(inner)
+        stream = tokens.Stream.from_token(inner)
     except BadToken as error:
         raise bad(f"stream: {error}") from None
     if stream.db != db:
@@ -114,7 +107,7 @@ def _stream_token(ctx: Context, db: str, text: str) -> tuple[int, str]:
 def _iterator_token(ctx: Context, db: str, text: str) -> tuple[int, str]:
     partition, inner = _addressed(ctx, text, "iterator")
     try:
-        iterator = StreamIterator.from_token(inner)
+        iterator = tokens.StreamIterator.from_token(inner)
     except BadToken as error:
         raise bad(f"iterator: {error}") from None
     if iterator.stream.db != db:

@@ -23,7 +23,7 @@ from typing import Annotated
 from fastapi import APIRouter, Body, Path, Response
 from pydantic import TypeAdapter
 
-from relay_ds import sites
+from relay_ds import sites, tokens
 from relay_ds.errors import Refused, Unknown
 from relay_ds.info import Description, DsInfo, Site, Storage
 from relay_ds.view import View
@@ -31,12 +31,11 @@ from relay_ingress import asking
 from relay_ingress.admin import Admin
 from relay_ingress.context import Context, Ctx
 from relay_ingress.errors import ApiError, documented
-from relay_streams import catalog
 
 router = APIRouter(prefix="/ds", tags=["durable storage admin"], responses=documented(403, 503))
 
 SitePath = Annotated[str, Path(pattern=sites.SITE_PATTERN, description="site id, 16 hex digits")]
-DsPath = Annotated[str, Path(pattern=catalog.NAME_PATTERN, description="durable storage")]
+DsPath = Annotated[str, Path(pattern=tokens.NAME_PATTERN, description="durable storage")]
 OK = "OK"
 _DESCRIPTION = TypeAdapter(Description)
 

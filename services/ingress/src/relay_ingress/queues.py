@@ -16,10 +16,11 @@ import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Path, Request, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from relay_bus import schemas
 from relay_ingress import asking
+from relay_ingress.checks import B64U_PATTERN, JSON_INTEGER, StrictBody
 from relay_ingress.context import Context, Ctx
 from relay_ingress.errors import ApiError, documented
 from relay_queues import auth, ids
@@ -29,54 +30,23 @@ router = APIRouter(
 )
 
 ID_PATTERN = r"^[A-Za-z0-9_-]{32}$"
-B64U_PATTERN = r"^(?:[A-Za-z0-9_-]{4})*(?:[A-Za-z0-9_-]{2,3})?$"
-"""base64url without padding: never a length of 1 mod 4."""
 IdPath = Annotated[str, Path(pattern=ID_PATTERN)]
 MAX_TTL_S = 10 * 365 * 24 * 3600
 
 
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class NewQueue(_Body):
+class NewQueue(StrictBody):
     recipient_key: str = Field(
         pattern=r"^[A-Za-z0-9_-]{42}[AEIMQUYcgkosw048]$",
         description="b64u 32-byte Ed25519 public key (43 characters)",
     )
 
 
-class QueueCreated(BaseModel):
-    recipient_id: str
-    sender_id: str
-    quota: int
-
-
-class NewMessage(_Body):
+class NewMessage(StrictBody):
     body: str = Field(pattern=B64U_PATTERN, description="b64u message body")
-    ttl_s: int | None = Field(None, ge=1, le=MAX_TTL_S)
+    ttl_s: Annotated[int, Field(ge=1, le=MAX_TTL_S), JSON_INTEGER] | None = None
 
 
-class Sent(BaseModel):
-    msg_id: str
-    ts: int
-
-
-class QueueInfo(BaseModel):
-    size: int
-    quota: int
-    status: str
-    created_at: int
-
-
-class Message(BaseModel):
-    msg_id: str
-    ts: int
-    body: str | None = None
-    quota: bool | None = None
-
-
-class Ack(_Body):
+class Ack(StrictBody):
     msg_id: str = Field(pattern=ID_PATTERN)
 
 
@@ -113,9 +83,9 @@ async def _recipient(
     queue: str,
     signed: tuple[str, str],
     **fields: Any,
-) -> dict[str, Any] | None:
+) -> schemas.QueueReply:
     text, signature = signed
-    reply = await asking.command(
+    return await asking.command(
         ctx,
         ids.partition_of(queue, ctx.config.kafka.partitions),
         ctx.config.request_timeout_s,
@@ -125,16 +95,32 @@ async def _recipient(
         sig=signature,
         **fields,
     )
-    return reply.data
 
 
-def _message(data: dict[str, Any] | None) -> Message | Response:
+def _answer(reply: schemas.QueueReply, model: type[schemas.AnswerT]) -> schemas.AnswerT | None:
+    """The reply's body as `model`; 503 when the queue-writer answered in another shape (a
+    build mismatch during an upgrade: the client may retry)."""
+    try:
+        return reply.answer(model)
+    except schemas.SchemaError as error:
+        raise ApiError(503, "UNAVAILABLE", f"unexpected answer: {error}") from None
+
+
+def _required(reply: schemas.QueueReply, model: type[schemas.AnswerT]) -> schemas.AnswerT:
+    answer = _answer(reply, model)
+    if answer is None:
+        raise ApiError(503, "UNAVAILABLE", "the queue-writer answered without a body")
+    return answer
+
+
+def _message(reply: schemas.QueueReply) -> schemas.QueueMessage | Response:
     """200 with the message, or 204 when the queue is empty."""
-    return Response(status_code=204) if data is None else Message(**data)
+    message = _answer(reply, schemas.QueueMessage)
+    return Response(status_code=204) if message is None else message
 
 
-@router.post("/queues", status_code=201, response_model=QueueCreated)
-async def create_queue(ctx: Ctx, new: NewQueue) -> QueueCreated:
+@router.post("/queues", status_code=201, response_model=schemas.QueueCreated)
+async def create_queue(ctx: Ctx, new: NewQueue) -> schemas.QueueCreated:
     try:
         auth.parse_public_key(new.recipient_key)
     except ValueError as error:
@@ -149,11 +135,11 @@ async def create_queue(ctx: Ctx, new: NewQueue) -> QueueCreated:
         sender=sender,
         recipient_key=new.recipient_key,
     )
-    return QueueCreated(**(reply.data or {}))
+    return _required(reply, schemas.QueueCreated)
 
 
-@router.post("/send/{sender_id}", status_code=201, response_model=Sent)
-async def send(ctx: Ctx, sender_id: IdPath, message: NewMessage) -> Sent:
+@router.post("/send/{sender_id}", status_code=201, response_model=schemas.Sent)
+async def send(ctx: Ctx, sender_id: IdPath, message: NewMessage) -> schemas.Sent:
     """201 only once the message is durable; QUOTA when full (the first refusal also queues one
     quota marker for the recipient)."""
     body = _b64u(message.body, "body")
@@ -169,32 +155,35 @@ async def send(ctx: Ctx, sender_id: IdPath, message: NewMessage) -> Sent:
         body=message.body,
         ttl_s=message.ttl_s,
     )
-    return Sent(**(reply.data or {}))
+    return _required(reply, schemas.Sent)
 
 
-@router.get("/queues/{recipient_id}", response_model=QueueInfo)
-async def queue_info(ctx: Ctx, recipient_id: IdPath, signed: Signed) -> QueueInfo:
-    return QueueInfo(**(await _recipient(ctx, schemas.ReadInfo, recipient_id, signed) or {}))
+@router.get("/queues/{recipient_id}", response_model=schemas.QueueInfo)
+async def queue_info(ctx: Ctx, recipient_id: IdPath, signed: Signed) -> schemas.QueueInfo:
+    reply = await _recipient(ctx, schemas.ReadInfo, recipient_id, signed)
+    return _required(reply, schemas.QueueInfo)
 
 
 @router.get(
     "/queues/{recipient_id}/head",
-    response_model=Message,
+    response_model=schemas.QueueMessage,
     response_model_exclude_none=True,
     responses={204: {"description": "the queue is empty"}},
 )
-async def head(ctx: Ctx, recipient_id: IdPath, signed: Signed) -> Message | Response:
+async def head(ctx: Ctx, recipient_id: IdPath, signed: Signed) -> schemas.QueueMessage | Response:
     """The head message; it stays in flight (not pushed to a subscriber) until ACK."""
     return _message(await _recipient(ctx, schemas.ReadHead, recipient_id, signed))
 
 
 @router.post(
     "/queues/{recipient_id}/ack",
-    response_model=Message,
+    response_model=schemas.QueueMessage,
     response_model_exclude_none=True,
     responses={204: {"description": "the queue is empty"}},
 )
-async def ack(ctx: Ctx, recipient_id: IdPath, body: Ack, signed: Signed) -> Message | Response:
+async def ack(
+    ctx: Ctx, recipient_id: IdPath, body: Ack, signed: Signed
+) -> schemas.QueueMessage | Response:
     """Acknowledge the head; answers the next message. NO_MSG if msg_id is not the head."""
     return _message(
         await _recipient(ctx, schemas.AckMessage, recipient_id, signed, msg_id=body.msg_id)

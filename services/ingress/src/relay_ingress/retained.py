@@ -23,13 +23,20 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 from redis.exceptions import RedisError
 
 from relay_bus import routing, schemas
 from relay_ingress import asking
 from relay_ingress.admin import Admin
-from relay_ingress.checks import B64U_PATTERN, bad, parse_filter, parse_topic
+from relay_ingress.checks import (
+    B64U_PATTERN,
+    JSON_INTEGER,
+    StrictBody,
+    bad,
+    parse_filter,
+    parse_topic,
+)
 from relay_ingress.context import Context, Ctx
 from relay_ingress.errors import ApiError, documented
 from relay_queues import ids
@@ -46,12 +53,11 @@ ADMIN_SKIP_CHUNK = 1000
 """Topics per ask while an admin page walks past earlier pages (no cursor given)."""
 
 
-class NewPublication(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class NewPublication(StrictBody):
     topic: str = Field(pattern=topic_rules.TOPIC_PATTERN, description="topic name (no wildcards)")
     payload: str = Field(pattern=B64U_PATTERN, description="b64u payload (empty: delete)")
     retain: bool = False
-    expiry_s: int | None = Field(None, ge=1, le=MAX_EXPIRY_S)
+    expiry_s: Annotated[int, Field(ge=1, le=MAX_EXPIRY_S), JSON_INTEGER] | None = None
     """Seconds until the retained message expires (MQTT 5 Message Expiry Interval)."""
 
 

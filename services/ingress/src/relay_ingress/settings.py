@@ -28,6 +28,13 @@ class IngressSettings(ServiceSettings):
     closed by the WebSocket layer)."""
     ws_commands_in_flight: int = Field(64, ge=1, le=10_000)
     """Commands of one connection waiting for the queue-writer at once."""
+    ws_max_outbound_frames: int = Field(10_000, ge=100, le=1_000_000)
+    """Frames one connection may have waiting to be written: a reader slower than that is
+    disconnected (close code 1008) instead of buffered without end."""
+    ws_max_subscriptions: int = Field(10_000, ge=1, le=1_000_000)
+    """Queues one connection may be subscribed to (QUOTA beyond)."""
+    ws_max_topic_filters: int = Field(1_000, ge=1, le=100_000)
+    """Topic filters one connection may be subscribed to (QUOTA beyond)."""
     max_body_bytes: int = Field(16384, gt=0, le=1 << 20)
     """Largest message body accepted, decoded (TOO_LARGE beyond)."""
     ds_max_batch_messages: int = Field(1000, ge=1, le=100_000)

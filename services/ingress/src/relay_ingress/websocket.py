@@ -25,14 +25,14 @@ from typing import Annotated, Any, Literal
 
 import structlog
 from fastapi import APIRouter
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 from redis.exceptions import RedisError
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from relay_bus import schemas
 from relay_bus.bus import BusUnavailableError
 from relay_ingress import asking, retained
-from relay_ingress.checks import parse_filter
+from relay_ingress.checks import JsonInt, StrictBody, parse_filter
 from relay_ingress.connections import Connection, Connections
 from relay_ingress.context import Context, Ctx
 from relay_ingress.errors import ApiError
@@ -46,15 +46,14 @@ router = APIRouter(tags=["websocket"])
 QueueId = Annotated[str, Field(min_length=32, max_length=32, pattern=r"^[A-Za-z0-9_-]{32}$")]
 
 
-class _Command(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class _Command(StrictBody):
     id: str | int | None = None
 
 
 class Sub(_Command):
     cmd: Literal["SUB"]
     queue: QueueId
-    ts: int
+    ts: JsonInt
     sig: str
 
 
@@ -62,7 +61,7 @@ class AckCmd(_Command):
     cmd: Literal["ACK"]
     queue: QueueId
     msg_id: QueueId
-    ts: int
+    ts: JsonInt
     sig: str
 
 
@@ -84,7 +83,7 @@ class PublishCmd(_Command):
     topic: str = Field(min_length=1)
     payload: str
     retain: bool = False
-    expiry_s: int | None = None
+    expiry_s: JsonInt | None = None
 
 
 Command = Sub | AckCmd | Subscribe | Unsubscribe | PublishCmd
@@ -112,8 +111,10 @@ def _parse(text: str) -> tuple[object, Command | dict[str, Any]]:
     """The frame's id and its command, or its id and the error reply."""
     try:
         raw = json.loads(text)
-    except ValueError:
+    except ValueError:  # also integers of more than 4,300 digits
         return None, _error(None, "BAD_REQUEST", "not JSON")
+    except RecursionError:
+        return None, _error(None, "BAD_REQUEST", "JSON nested too deeply")
     if not isinstance(raw, dict):
         return None, _error(None, "BAD_REQUEST", "a frame is one JSON object")
     frame_id = raw.get("id")
@@ -136,14 +137,20 @@ class Session:
         self.connections: Connections = ctx.connections
 
     async def run(self, command: Command) -> None:
+        """Run one command and queue its one reply, whatever happens on the way."""
+        try:
+            await self._run(command)
+        except Exception:
+            log.exception("ws_command_failed", cmd=command.cmd)
+            self.conn.queue_frame(_error(command.id, "UNAVAILABLE", "internal error; retry"))
+
+    async def _run(self, command: Command) -> None:
         if isinstance(command, Subscribe | Unsubscribe | PublishCmd):
             await self._topic_command(command)
             return
         try:
             reply = await self._command(command)
         except (ApiError, BusUnavailableError) as error:
-            if isinstance(command, Sub):
-                await self.connections.unsubscribe(self.conn, command.queue)
             reply = _error(command.id, *_refusal(error))
         except RedisError:
             reply = _error(command.id, "UNAVAILABLE", "routing state unavailable; retry")
@@ -168,6 +175,9 @@ class Session:
                 await self.connections.unsubscribe_topic(conn, command.filter)
             else:
                 levels = parse_filter(command.filter)
+                limit = conn.limits.max_topic_filters
+                if command.filter not in conn.filters and len(conn.filters) >= limit:
+                    raise ApiError(429, "QUOTA", f"at most {limit} topic filters per connection")
                 await self.connections.subscribe_topic(conn, command.filter, levels)
         except (ApiError, BusUnavailableError) as error:
             if isinstance(command, Subscribe):
@@ -218,20 +228,29 @@ class Session:
         partition = ids.partition_of(command.queue, self.ctx.config.kafka.partitions)
         wait_s = self.ctx.config.request_timeout_s
         if isinstance(command, Sub):
+            limit = self.conn.limits.max_subscriptions
+            if command.queue not in self.conn.subscriptions and (
+                len(self.conn.subscriptions) >= limit
+            ):
+                raise ApiError(429, "QUOTA", f"at most {limit} queue subscriptions per connection")
             if not await guards.first_use(self.ctx.redis, signature, 2 * auth.SKEW_S):
                 raise ApiError(401, "AUTH", "signature already used")
-            await self.connections.subscribing(self.conn, command.queue)
-            await asking.command(
-                self.ctx,
-                partition,
-                wait_s,
-                schemas.SubscribeQueue,
-                queue=command.queue,
-                signed=auth.sub_text(command.queue, ts),
-                sig=command.sig,
-                slot=self.connections.slot,
-                conn=self.conn.id,
-            )
+            held = await self.connections.subscribing(self.conn, command.queue)
+            try:
+                await asking.command(
+                    self.ctx,
+                    partition,
+                    wait_s,
+                    schemas.SubscribeQueue,
+                    queue=command.queue,
+                    signed=auth.sub_text(command.queue, ts),
+                    sig=command.sig,
+                    slot=self.connections.slot,
+                    conn=self.conn.id,
+                )
+            except (ApiError, BusUnavailableError):
+                await self.connections.refused(self.conn, command.queue, held)
+                raise
         else:
             await asking.command(
                 self.ctx,
@@ -263,6 +282,8 @@ async def websocket(ws: WebSocket, ctx: Ctx) -> None:
             message = await ws.receive()
             if message["type"] == "websocket.disconnect":
                 break
+            if conn.overflowed:
+                continue  # being closed for reading too slowly: nothing more is answered
             if not conn.bucket.take():  # every frame counts, whatever it holds
                 conn.queue_frame(_error(None, "RATE_LIMITED", "too many frames per second"))
                 continue

@@ -27,12 +27,13 @@ from relay_bus import routing, schemas
 from relay_bus.bus import Bus
 from relay_bus.consumers import Received
 from relay_bus.once import OncePerId
+from relay_ds.tokens import MAX_TS
 from relay_durable import codec
 from relay_durable.outcome import Outcome
 from relay_retainer import answers, ds_admin
 from relay_retainer.streams import StreamHost
 from relay_streams.errors import BadInput
-from relay_streams.model import MAX_TS, Message
+from relay_streams.model import Message
 from relay_topics import rules as topic_rules
 
 log = structlog.get_logger(__name__)

@@ -10,6 +10,8 @@ applied again one write at a time, in order, so only the offending writes are re
 
 Invariants:
 - readiness condition `retained` is true only while the store is open;
+- each request id runs once (a copy of a record read again gets the first run's answer and
+  changes nothing), and a publish or delete for a topic another partition owns is refused;
 - a publish or delete is answered only by the outcome of the write that contained it, after
   that write is durable; one past its deadline when the writer takes it is dropped unapplied
   (its asker has answered 503, "nothing was stored");
@@ -25,14 +27,14 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import structlog
 from pydantic import BaseModel, Field
 
-from relay_bus import schemas
+from relay_bus import routing, schemas
 from relay_bus.bus import Bus
 from relay_bus.once import OncePerId
 from relay_durable import codec
@@ -49,8 +51,12 @@ from relay_topics import rules as topic_rules
 log = structlog.get_logger(__name__)
 
 READS_REMEMBERED = 64
-"""Reads for every partition (`match`, `size`) whose outcome is kept for the partitions that ask
-later; the other requests go to one partition and run once per record."""
+"""Reads (`match`, `size`, `read`) whose outcome is kept: for the partitions that ask later, and
+for a copy of the record read again."""
+WRITES_REMEMBERED = 4096
+"""Publishes and deletes whose outcome is kept, so that a copy of a record read again (consumer
+retry, an ingress that sent twice) is answered without being applied twice: applied again after
+a newer write to its topic, it would restore the older payload. Their outcomes are small."""
 
 
 class RetainedServiceSettings(BaseModel):
@@ -228,7 +234,8 @@ class RetainedRequests:
         self.instance = instance
         self.owned = list(owned)
         self.partitions = partitions
-        self._requests: OncePerId[Outcome] = OncePerId(READS_REMEMBERED, "retained")
+        self._reads: OncePerId[Outcome] = OncePerId(READS_REMEMBERED, "retained-read")
+        self._writes: OncePerId[Outcome] = OncePerId(WRITES_REMEMBERED, "retained-write")
 
     def handle(self, record: schemas.Publication | schemas.RetainedRequest, partition: int) -> None:
         """Called by the consumer in record order; never waits for the operation."""
@@ -236,36 +243,45 @@ class RetainedRequests:
             return
         reply = functools.partial(self._answer, record, partition)
         if isinstance(record, schemas.Publication):
-            run = self._submit(record, record.topic, record.payload, record.expiry_s, 202)
+            self._writes.handle(
+                record.id,
+                lambda: self._write(record, partition, record.payload, record.expiry_s, 202),
+                reply,
+            )
         elif record.op == "delete":
-            run = self._submit(record, record.topic, "", None, 204)
+            self._writes.handle(
+                record.id, lambda: self._write(record, partition, "", None, 204), reply
+            )
         elif record.op in ("match", "size"):
-            self._requests.handle(
+            self._reads.handle(
                 record.id, lambda: answers.guarded(self._every(record), "retained match"), reply
             )
-            return
         else:
-            run = asyncio.ensure_future(answers.guarded(self._read(record), "retained read"))
-        self._requests.answer(run, reply)
+            self._reads.handle(
+                record.id, lambda: answers.guarded(self._read(record), "retained read"), reply
+            )
 
-    def _submit(
+    def _write(
         self,
         record: schemas.Publication | schemas.RetainedRequest,
-        topic: str,
+        partition: int,
         payload: str,
         expiry_s: int | None,
         status: int,
-    ) -> asyncio.Future[Outcome]:
-        """Queue the write now (record order is write order); its outcome once durable."""
+    ) -> Coroutine[Any, Any, Outcome]:
+        """Queue the write now (record order is write order); its outcome once durable. A topic
+        that another partition owns is refused: written here, it would be a second copy that
+        the owner's reads never see and a restart's replay would not order."""
         ts = record.ts if isinstance(record, schemas.Publication) else None
         try:
-            write = Write(topic, answers.payload(payload), 0, expiry_s, ts)
+            owner = routing.partition_of_topic(record.topic, self.partitions)
+            if owner != partition:
+                raise BadInput(f"topic belongs to partition {owner}, not {partition}")
+            write = Write(record.topic, answers.payload(payload), 0, expiry_s, ts)
         except BadInput as error:
-            return asyncio.ensure_future(answers.guarded(_raise(error), "retained write"))
+            return answers.guarded(_raise(error), "retained write")
         done = self.host.submit(write, record.expired)
-        return asyncio.ensure_future(
-            answers.guarded(self._durable(done, status, write), "retained write")
-        )
+        return answers.guarded(self._durable(done, status, write), "retained write")
 
     async def _durable(self, done: asyncio.Future[None], status: int, write: Write) -> Outcome:
         await done
@@ -310,4 +326,4 @@ class RetainedRequests:
 
     async def drain(self, budget_s: float = 2.0) -> None:
         """Let answers already under way go out (within `budget_s`), then cancel the rest."""
-        await self._requests.drain(budget_s)
+        await asyncio.gather(self._reads.drain(budget_s), self._writes.drain(budget_s))

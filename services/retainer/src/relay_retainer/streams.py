@@ -30,11 +30,12 @@ from pathlib import Path
 import structlog
 from pydantic import BaseModel, Field
 
+from relay_ds.tokens import StreamIterator
 from relay_retainer.rounds import Pending, Rounds
 from relay_runtime import exits
 from relay_runtime.readiness import Readiness
-from relay_streams.errors import BadInput, StreamsError
-from relay_streams.model import Message, NextResult, RankedStream, StreamIterator
+from relay_streams.errors import BadInput, Closed, StreamsError
+from relay_streams.model import Message, NextResult, RankedStream
 from relay_streams.settings import MAX_SHARDS, DbSettings
 from relay_streams.store import StreamStore
 
@@ -78,7 +79,8 @@ class StreamHost:
 
     @property
     def store(self) -> StreamStore:
-        assert self._store is not None, "stream store not open"
+        if self._store is None:
+            raise Closed("stream store not open")
         return self._store
 
     # -- lifecycle -------------------------------------------------------------------------

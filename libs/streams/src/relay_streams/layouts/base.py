@@ -15,9 +15,10 @@ from typing import Any, NamedTuple, Protocol
 
 from rocksdict import ColumnFamily, Rdict, ReadOptions, WriteBatch
 
+from relay_ds.tokens import Position, StaticIndex
 from relay_streams import lts
 from relay_streams.errors import CorruptRecord
-from relay_streams.model import Message, Position, StaticIndex
+from relay_streams.model import Message
 from relay_topics import rules
 from relay_topics.rules import Levels
 

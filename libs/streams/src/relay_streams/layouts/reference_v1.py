@@ -15,10 +15,11 @@ from typing import Any
 
 from rocksdict import ColumnFamily, Rdict, WriteBatch
 
+from relay_ds.tokens import Position, StaticIndex
 from relay_streams import lts
 from relay_streams.errors import BadInput, CorruptRecord
 from relay_streams.layouts import base
-from relay_streams.model import Message, Position, StaticIndex
+from relay_streams.model import Message
 from relay_topics import rules
 from relay_topics.rules import Levels
 
