@@ -66,11 +66,14 @@ def test_a_delete_during_a_partition_never_comes_back(
     tmp_path: Path, kafka: helpers.Kafka, redis_url: str
 ) -> None:
     statuses = delete_during_partition(tmp_path, kafka, redis_url, guard=True)
-    assert statuses == [404] * len(statuses)
+    # R=3 reads right after the heal may be 503 while a coordinator still counts C as down
+    # (RELAY_KV__DOWN_S); what matters is that no read ever finds the value again.
+    assert 200 not in statuses, statuses
+    assert statuses.count(404) >= 4, statuses
 
 
 def test_without_the_repair_guard_the_deleted_value_comes_back(
     tmp_path: Path, kafka: helpers.Kafka, redis_url: str
 ) -> None:
     statuses = delete_during_partition(tmp_path, kafka, redis_url, guard=False)
-    assert 200 in statuses
+    assert 200 in statuses, statuses
