@@ -120,19 +120,7 @@ def build(config: ReplicatorSettings) -> tuple[FastAPI, BusLifecycle]:
         else:
             await forward(received)
 
-    held: set[int] = set()
-    """The partitions of `relay.replication` this replicator coordinates now."""
-
-    async def assigned(partitions: list[int]) -> dict[int, int]:
-        held.update(partitions)
-        return {}  # start where the group committed
-
-    async def revoked(partitions: list[int]) -> None:
-        held.difference_update(partitions)
-
-    bus.consumer(
-        topics.REPLICATION, handle, group_id=GROUP, start_offsets=assigned, on_revoked=revoked
-    )
+    consumer = bus.consumer(topics.REPLICATION, handle, group_id=GROUP)
 
     async def open_store() -> None:
         store.open()
@@ -152,7 +140,7 @@ def build(config: ReplicatorSettings) -> tuple[FastAPI, BusLifecycle]:
         title="Relay replicator",
         routes=[
             *probe_routes(readiness),
-            *routes.internal(site, peers, store, sync, held, coordinator, token),
+            *routes.internal(site, peers, store, sync, consumer.held, coordinator, token),
         ],
     )
     app.state.kv = (store, coordinator, handoff, sync)

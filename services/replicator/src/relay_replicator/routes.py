@@ -10,6 +10,7 @@ a record read from `relay.replication` would run; its outcome is the response bo
 from __future__ import annotations
 
 import hmac
+from collections.abc import Callable
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -27,7 +28,7 @@ def internal(
     peers: Peers,
     store: KvStore,
     sync: Sync,
-    held: set[int],
+    held: Callable[[], list[int]],
     coordinator: Coordinator,
     token: str | None,
 ) -> list[BaseRoute]:
@@ -41,7 +42,7 @@ def internal(
             {
                 "site": site,
                 "sites": list(peers.view.sites),
-                "partitions": sorted(held),
+                "partitions": held(),
                 "hint_bytes": store.hint_bytes,
                 "sync_passes": sync.passes,
             }
