@@ -30,56 +30,71 @@ TOKEN = "kv-test-admin-token"
 
 
 class Link:
-    """One direction of one pair: a TCP proxy to `target_port`."""
+    """One direction of one pair: a TCP proxy to `target_port`. Cut, it drops every byte (as a
+    partition drops packets): open connections hang, new ones are accepted and never answered,
+    so callers wait for their own timeouts. A connection that lived through a cut stays dead
+    and is closed when the link heals (its bytes were lost)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, target_port: int) -> None:
         self.loop = loop
         self.target_port = target_port
         self.port = helpers.free_port()
         self.cut = False
-        self._open: set[asyncio.StreamWriter] = set()
+        self._cuts = 0
+        self._open: dict[asyncio.StreamWriter, int] = {}
+        """Every open socket's writer -> the number of cuts before it opened."""
         self._server: asyncio.Server | None = None
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
 
+    def _alive(self, born: int) -> bool:
+        return not self.cut and born == self._cuts
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self._open.add(writer)
+        born = self._cuts
+        self._open[writer] = born
         try:
-            if self.cut:  # hold it: the caller waits until its own timeout
+            if self.cut:  # accepted, never answered
                 await reader.read()
                 return
             up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
-            self._open.add(up_writer)
+            self._open[up_writer] = born
             await asyncio.gather(
-                self._pipe(reader, up_writer), self._pipe(up_reader, writer), return_exceptions=True
+                self._pipe(reader, up_writer, born),
+                self._pipe(up_reader, writer, born),
+                return_exceptions=True,
             )
         except OSError:
             pass
         finally:
-            for w in (writer,):
-                w.close()
-            self._open.discard(writer)
+            writer.close()
+            self._open.pop(writer, None)
 
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _pipe(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, born: int
+    ) -> None:
         try:
-            while not self.cut and (data := await reader.read(65536)):
-                writer.write(data)
-                await writer.drain()
+            while data := await reader.read(65536):
+                if self._alive(born):  # otherwise dropped
+                    writer.write(data)
+                    await writer.drain()
         finally:
             writer.close()
-            self._open.discard(writer)
+            self._open.pop(writer, None)
 
-    async def _cut(self) -> None:
-        self.cut = True
-        for writer in list(self._open):
-            writer.close()
+    async def _heal(self) -> None:
+        self.cut = False
+        for writer, born in list(self._open.items()):
+            if born != self._cuts:
+                writer.close()
 
     def set_cut(self, cut: bool) -> None:
-        if cut:
-            asyncio.run_coroutine_threadsafe(self._cut(), self.loop).result(5)
-        else:
-            self.cut = False
+        if cut and not self.cut:
+            self.cut = True
+            self._cuts += 1
+        elif not cut and self.cut:
+            asyncio.run_coroutine_threadsafe(self._heal(), self.loop).result(5)
 
 
 @dataclass
