@@ -44,7 +44,7 @@ from relay_bus.once import OncePerId
 from relay_durable import codec as b64
 from relay_durable.outcome import Outcome
 from relay_kv import codec as kv_codec
-from relay_kv import crdt, names, placement, quorum
+from relay_kv import crdt, names, ops, placement, quorum
 from relay_kv.clock import HybridClock, Version
 from relay_replicator.peers import PeerError, Peers
 from relay_replicator.replica import LocalReplica, Refused
@@ -317,15 +317,7 @@ class Coordinator:
         async with self._lock(target):
             current = await self._read(target, r)
             version = self._stamp(current)
-            if isinstance(current, crdt.AWSet):
-                new: crdt.Value = current.remove(list(current.entries), version)
-            elif isinstance(current, crdt.KvMap):
-                new = crdt.KvMap(
-                    {name: crdt.Register(version, None) for name in current.visible(self.now_ms())}
-                )
-            else:
-                new = crdt.Register(version, None)
-            await self._write_checked(target, new, w)
+            await self._write_checked(target, ops.delete(current, version, self.now_ms()), w)
         return Outcome(200, {"version": str(version)})
 
     async def _members(
@@ -343,11 +335,8 @@ class Coordinator:
         async with self._lock(target):
             current = await self._read(target, r)
             _check_type(current, crdt.AWSet, self.now_ms())
-            state = current if isinstance(current, crdt.AWSet) else crdt.AWSet()
             version = self._stamp(current)
-            state = state.remove(remove, version)
-            if add:  # after the removes: a member in both is added (add wins)
-                state = state.add(add, version, self._expiry(request))
+            state = ops.change_members(current, add, remove, version, self._expiry(request))
             await self._write_checked(target, state, w)
         return Outcome(200, {"version": str(version)})
 
@@ -357,15 +346,12 @@ class Coordinator:
         value = await self._read(target, r)
         _check_type(value, crdt.AWSet, self.now_ms())
         members = value.members(self.now_ms()) if isinstance(value, crdt.AWSet) else []
-        after = _cursor(request.cursor)
-        page = [m for m in members if after is None or m > after][: request.limit + 1]
-        more = len(page) > request.limit
-        page = page[: request.limit]
+        page, more = ops.page(members, bytes, _cursor(request.cursor), request.limit)
         return Outcome(
             200,
             {
                 "members": [b64.b64u(m) for m in page],
-                "cursor": b64.b64u(page[-1]) if more and page else None,
+                "cursor": None if more is None else b64.b64u(more),
             },
         )
 
@@ -409,12 +395,12 @@ class Coordinator:
         value = await self._read(target, r)
         _check_type(value, crdt.KvMap, self.now_ms())
         fields = value.visible(self.now_ms()) if isinstance(value, crdt.KvMap) else {}
-        after = _cursor(request.cursor)
-        page = [
-            (name, reg) for name, reg in fields.items() if after is None or name.encode() > after
-        ][: request.limit + 1]
-        more = len(page) > request.limit
-        page = page[: request.limit]
+        page, more = ops.page(
+            sorted(fields.items(), key=lambda item: item[0].encode()),
+            lambda item: item[0].encode(),
+            _cursor(request.cursor),
+            request.limit,
+        )
         return Outcome(
             200,
             {
@@ -426,7 +412,7 @@ class Coordinator:
                     }
                     for name, reg in page
                 ],
-                "cursor": b64.b64u(page[-1][0].encode()) if more and page else None,
+                "cursor": None if more is None else b64.b64u(more),
             },
         )
 
@@ -444,7 +430,7 @@ class Coordinator:
     def _stamp(self, current: crdt.Value | None) -> Version:
         """A version past everything `current` carries."""
         if current is not None:
-            for version in _all_versions(current):
+            for version in ops.versions(current):
                 if self.clock.admissible(version):
                     self.clock.observe(version)
         return self.clock.tick()
@@ -473,8 +459,8 @@ class Coordinator:
     ) -> list[dict[str, Any]]:
         outcome, results = await self._write(target, value, w)
         for result in results:
-            if result.get("live") and result.get("type") not in (None, type(value).__name__):
-                raise _bad(f"key holds a {_type_name(result['type'])}")
+            if result.get("live") and result.get("type") not in (None, ops.type_name(value)):
+                raise _bad(f"key holds a {result['type']}")
         if outcome is not quorum.Outcome.OK:
             raise Refusal(
                 504,
@@ -612,28 +598,11 @@ class _Target:
         return placement.shard_of(self.namespace, self.key)
 
 
-_TYPE_NAMES = {"Register": "string", "AWSet": "set", "KvMap": "map"}
-
-
-def _type_name(name: str) -> str:
-    return _TYPE_NAMES.get(name, name)
-
-
 def _check_type(current: crdt.Value | None, wanted: type[crdt.Value], now_ms: int) -> None:
-    """Refuse an operation of one type on a key holding another: always when that value is live,
-    and when it is a tombstone of a type that would still win the merge."""
-    if current is None or isinstance(current, wanted):
-        return
-    if crdt.is_live(current, now_ms) or current.RANK > wanted.RANK:
-        raise _bad(f"key holds a {_type_name(type(current).__name__)}")
-
-
-def _all_versions(value: crdt.Value) -> list[Version]:
-    if isinstance(value, crdt.Register):
-        return [value.version]
-    if isinstance(value, crdt.AWSet):
-        return [value.updated]
-    return [r.version for r in value.fields.values()]
+    try:
+        ops.check_type(current, wanted, now_ms)
+    except ops.WrongType as error:
+        raise _bad(str(error)) from None
 
 
 def _register_body(register: crdt.Register) -> dict[str, Any]:

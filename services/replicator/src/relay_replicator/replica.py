@@ -24,8 +24,8 @@ from typing import Any
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from pydantic import BaseModel, Field
 
-from relay_kv import codec, crdt, hints, placement
-from relay_kv.clock import HybridClock, TooFarAhead, Version
+from relay_kv import codec, crdt, hints, ops, placement
+from relay_kv.clock import HybridClock, TooFarAhead
 from relay_replicator.store import KvStore, Write
 
 
@@ -49,14 +49,6 @@ class ReadBody(BaseModel):
     items: list[Item]
 
 
-def _versions(value: crdt.Value) -> list[Version]:
-    if isinstance(value, crdt.Register):
-        return [value.version]
-    if isinstance(value, crdt.AWSet):
-        return [value.updated]
-    return [r.version for r in value.fields.values()]
-
-
 class LocalReplica:
     def __init__(self, site: str, store: KvStore, clock: HybridClock, now_ms: Any) -> None:
         self.site = site
@@ -70,11 +62,11 @@ class LocalReplica:
         """Merge (or hint) `items` = (n, namespace, key, value); per item `{"newer", "type",
         "live"}` (for a hint, empty)."""
         for _, _, _, value in items:
-            for version in _versions(value):
+            for version in ops.versions(value):
                 if not self.clock.admissible(version):
                     raise Refused(f"version {version} is too far ahead of site {self.site}")
         for _, _, _, value in items:
-            for version in _versions(value):
+            for version in ops.versions(value):
                 try:
                     self.clock.observe(version)
                 except TooFarAhead as error:
@@ -94,7 +86,7 @@ class LocalReplica:
         return [
             {
                 "newer": None if a.newer is None else str(a.newer),
-                "type": type(a.stored).__name__,
+                "type": ops.type_name(a.stored),
                 "live": crdt.is_live(a.stored, now),
             }
             for a in applied
