@@ -1,5 +1,5 @@
 # One image per service, from the workspace lock: docker build --build-arg SERVICE=ingress .
-# skaffold.yaml builds all five. The image holds only that service and the libs it uses.
+# skaffold.yaml builds all six (the archiver too). The image holds only that service and the libs it uses.
 FROM python:3.11-slim AS build
 ARG SERVICE
 RUN pip install --no-cache-dir uv==0.13.9
@@ -8,6 +8,7 @@ COPY pyproject.toml uv.lock ./
 COPY libs libs
 COPY services services
 COPY cli cli
+COPY spark-jobs spark-jobs
 RUN uv sync --frozen --no-dev --no-editable --package "relay-${SERVICE}" \
     && ln -s "/src/.venv/bin/relay-${SERVICE}" /src/.venv/bin/relay-entrypoint
 

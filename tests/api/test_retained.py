@@ -317,15 +317,25 @@ async def test_websocket_publish_reaches_other_subscribers(http: httpx.Client, w
 
 
 def test_publish_rate_is_limited_per_address(http: httpx.Client) -> None:
+    """A burst over the per-second limit, fired within one second's window, is partly refused
+    (RATE_LIMITED), and the next window starts afresh. On a loaded machine a burst may span two
+    windows and prove nothing: it is fired again (up to five times) until one fits."""
     topic = f"{root()}/burst"
-    time.sleep(1.0 - time.time() % 1.0)  # start at a second's edge: one window
-    with ThreadPoolExecutor(16) as pool:
-        statuses = list(pool.map(lambda _: publish(http, topic, b"x"), range(PUBLISH_PER_S + 50)))
+    for _ in range(5):
+        time.sleep(1.0 - time.time() % 1.0)  # start at a second's edge: one window
+        window = int(time.time())
+        with ThreadPoolExecutor(16) as pool:
+            burst = range(PUBLISH_PER_S + 50)
+            statuses = list(pool.map(lambda _: publish(http, topic, b"x"), burst))
+        if int(time.time()) == window:
+            break
+    else:
+        pytest.fail("no burst of publishes fitted in one second in five tries")
     codes = [r.status_code for r in statuses]
     limited = [r for r in statuses if r.status_code == 429]
     assert limited, codes
     assert all(r.json()["error"] == "RATE_LIMITED" for r in limited)
-    assert codes.count(202) >= PUBLISH_PER_S // 2
+    assert codes.count(202) == PUBLISH_PER_S, codes
     # The next second's window starts afresh (polled: the limit counts whole seconds).
     deadline = time.monotonic() + 5
     while (again := publish(http, topic, b"x")).status_code == 429:

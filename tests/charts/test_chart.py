@@ -14,7 +14,7 @@ import yaml
 from tests.helpers import ROOT
 
 CHART = ROOT / "charts" / "relay"
-SERVICES = {"ingress", "queue-writer", "delivery", "retainer", "replicator"}
+SERVICES = {"ingress", "queue-writer", "delivery", "retainer", "replicator", "archiver"}
 
 
 def render(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
@@ -61,6 +61,7 @@ def test_every_service_renders_with_secure_bounded_pods() -> None:
     assert ("StatefulSet", "r1-relay-queue-writer") in kinds
     assert ("StatefulSet", "r1-relay-retainer") in kinds
     assert ("Deployment", "r1-relay-ingress") in kinds
+    assert ("StatefulSet", "r1-relay-archiver") in kinds
     assert ("Service", "r1-relay-ingress") in kinds
 
 
@@ -163,3 +164,22 @@ def test_every_replicator_is_told_every_peer() -> None:
     assert len(peers) == 3
     assert all(p.startswith("http://") and p.endswith(":8080") for p in peers)
     assert peers[2].split("//")[1].split(".")[0].endswith("replicator-2")
+
+
+def test_archiver_settings_reach_the_config() -> None:
+    documents = render(
+        {
+            "archiver": {
+                "enabled": True,
+                "replicas": 1,
+                "location": "s3://b/relay",
+                "rollAgeSeconds": 30,
+            }
+        }
+    )
+    config = next(d for d in documents if d["kind"] == "ConfigMap")["data"]
+    assert config["RELAY_ARCHIVE__LOCATION"] == "s3://b/relay"
+    assert config["RELAY_ARCHIVE__ROLL_AGE_S"] == "30"
+    assert config["RELAY_ARCHIVE__ROLL_BYTES"] == "67108864"
+    with pytest.raises(helm_python.HelmError):
+        render({"archiver": {"enabled": True, "replicas": 1, "rollBytes": 0}})

@@ -11,6 +11,7 @@ import pytest
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
+from relay_archiver.app import ArchiverSettings
 from relay_delivery.app import DeliverySettings
 from relay_ingress.settings import IngressSettings
 from relay_queue_writer.app import QueueWriterSettings
@@ -20,7 +21,7 @@ from relay_runtime.settings import ENV_PREFIX, NESTED_DELIMITER
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVICES = [IngressSettings, QueueWriterSettings, DeliverySettings, RetainerSettings]
-SERVICES.append(ReplicatorSettings)
+SERVICES += [ReplicatorSettings, ArchiverSettings]
 
 
 def variables(model: type[BaseModel], prefix: str = ENV_PREFIX) -> Iterator[tuple[str, FieldInfo]]:

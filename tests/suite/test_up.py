@@ -24,7 +24,7 @@ SERVICES = ["queue-writer", "delivery", "retainer", "replicator", "ingress"]
 def _assert_stops_cleanly(running: Running, sig: signal.Signals = signal.SIGTERM) -> None:
     running.collect_descendants()
     ports = [child.port for child in running.state.children]
-    assert len(running.descendants) >= 7  # broker, redis and five services
+    assert len(running.descendants) >= 8  # broker, redis, five services and the archiver
     running.process.send_signal(sig)
     assert running.process.wait(timeout=25) == 0
     assert not [pid for pid in running.descendants if alive(pid)]
@@ -52,7 +52,7 @@ def test_readme_entry_point_starts_pings_and_stops_cleanly(tmp_path: Path) -> No
             env=service_env(),
         )
         assert status.returncode == 0, status.stdout
-        for name in ["broker", "redis", *(f"relay-{s}-0" for s in SERVICES)]:
+        for name in ["broker", "redis", "relay-archiver-0", *(f"relay-{s}-0" for s in SERVICES)]:
             assert name in status.stdout
 
         wrong = httpx.get(

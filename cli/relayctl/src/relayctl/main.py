@@ -1,4 +1,5 @@
-"""The `relayctl` command line (typer): `up`, `status`, `ping`, `dump`, `journal ...`, `ds ...`."""
+"""The `relayctl` command line (typer): `up`, `status`, `ping`, `dump`, `journal ...`, `ds ...`,
+`archive status`, `export`, `rebuild`, `verify`."""
 
 from __future__ import annotations
 
@@ -12,13 +13,23 @@ from rich.console import Console
 from rich.table import Table
 
 from relay_bus.config import KafkaSettings
-from relayctl import calls, ds_commands, journal_commands, kv_commands, processes, state, suite
+from relayctl import (
+    archive_commands,
+    calls,
+    ds_commands,
+    journal_commands,
+    kv_commands,
+    processes,
+    state,
+    suite,
+)
 
 app = typer.Typer(help="Run and inspect a Relay suite.", no_args_is_help=True, add_completion=False)
 console = Console()
 app.add_typer(journal_commands.app, name="journal")
 app.add_typer(ds_commands.app, name="ds")
 app.add_typer(kv_commands.app, name="kv")
+archive_commands.register(app)
 queue_app = typer.Typer(help="Queues of the running suite.", no_args_is_help=True)
 app.add_typer(queue_app, name="queue")
 
@@ -62,6 +73,7 @@ def up(
         "delivery": delivery,
         "retainer": retainers,
         "replicator": replicators,
+        "archiver": 1,
     }
     for name in ("queue-writer", "retainer"):
         if counts[name] > partitions:

@@ -31,8 +31,9 @@ import httpx
 
 from relayctl import embedded, kafka_broker, processes, state
 
-SERVICES = ("queue-writer", "delivery", "retainer", "replicator", "ingress")
-"""Start order; all start at once, ingress last so its port opens when the rest are starting."""
+SERVICES = ("queue-writer", "delivery", "retainer", "replicator", "archiver", "ingress")
+"""Start order; all start at once, ingress last so its port opens when the rest are starting.
+The archiver is not on the ping's path (it only reads); its readiness is waited for all the same."""
 GRACE_S = 10.0
 INFRASTRUCTURE_BUDGET_S = 30.0
 RESTART_LIMIT = 5
@@ -134,6 +135,8 @@ class Suite:
             "RELAY_DATA__ORDINAL": str(k),
             "RELAY_DATA__REPLICAS": str(replicas),
         }
+        if service == "archiver":
+            env["RELAY_ARCHIVE__LOCATION"] = str(self.data_dir / "archive")
         executable = Path(sys.executable).parent / f"relay-{service}"
         return processes.Child(
             f"relay-{service}-{k}",

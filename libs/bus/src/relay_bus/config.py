@@ -50,9 +50,9 @@ class KafkaSettings(BaseModel):
     """Longest a fetch waits for data on an idle partition. The broker answers as soon as data
     arrives (fetch.min.bytes 1), so this bounds only idle polling, not latency."""
     commit_interval_ms: int = Field(1000, ge=0, le=60_000)
-    """Most time between the offset commits of a consumer that keeps its own resume point
-    (`start_offsets`): in the background, off the record path (0: after every batch). Consumers
-    that resume from their commits commit after every batch."""
+    """Most time between the offset commits of a consumer on fixed partitions that keeps its
+    own resume point (the queue-writer): in the background, off the record path (0: after every
+    batch). Every other consumer commits after every batch."""
     topic_check_interval_s: float = Field(1.0, gt=0, le=300)
     """How often each service checks that its topics exist and the broker kept its log."""
 

@@ -4,13 +4,13 @@ Invariants:
 - at-least-once: an offset is committed only after the handler returned for that record and
   every earlier one of its partition; a handler that raises is retried from the same record
   after a back-off, so a record is never skipped because its handler failed;
-- a consumer that resumes from its committed offsets (no `start_offsets`) commits after every
-  batch, in line: the committed offset is its resume point, kept as close as its handler
-  allows. One with `start_offsets` keeps its own resume point (the queue-writer's applied log,
-  delivery's state), so its commits only show lag: they leave the record path, at most one
+- a consumer on fixed partitions with `start_offsets` (the queue-writer's commands) keeps its
+  own resume point, so its commits only show lag: they leave the record path, at most one
   under way, in the background, at most every `commit_interval_ms` (an OffsetCommit per batch
-  cost a broker round trip and a write to `__consumer_offsets` on every hop). Stop and
-  revocation commit in line;
+  cost a broker round trip and a write to `__consumer_offsets` on every hop). Every other
+  consumer commits after every batch, in line: its committed offset is where it (or the group
+  member that takes its partitions over) may start reading, whatever `start_offsets` later
+  says, so it is kept as close as the handler allows. Stop and revocation commit in line;
 - a record this build cannot decode is counted, logged once and skipped (it would fail forever);
 - `stop()` lets the batch in hand finish, commits, and leaves the group before returning;
 - with `start_offsets`, reading starts where it says, on every assignment (fixed partitions at
@@ -52,6 +52,10 @@ class Received:
     offset: int
     key: bytes | None
     record: schemas.Record
+    value: bytes = b""
+    """The record's exact bytes as Kafka holds them (the archiver keeps these)."""
+    timestamp_ms: int = 0
+    """Kafka's timestamp of the record (the producer's create time)."""
 
 
 Handler = Callable[[Received], Awaitable[None]]
@@ -187,10 +191,10 @@ class Consumer:
                         self._consumer.seek(tp, message.offset)
                         await asyncio.sleep(RETRY_BACKOFF_S)
                         break
-            if self.start_offsets is None:
-                await self._commit()
-            else:
+            if self.start_offsets is not None and self.partitions is not None:
                 self._commit_when_due()
+            else:
+                await self._commit()
 
     def _commit_when_due(self) -> None:
         """Start a background commit if the interval has passed and none is under way."""
@@ -216,7 +220,15 @@ class Consumer:
             )
             self._handled[tp] = offset + 1
             return True
-        received = Received(self.topic, tp.partition, offset, getattr(message, "key", None), record)
+        received = Received(
+            self.topic,
+            tp.partition,
+            offset,
+            getattr(message, "key", None),
+            record,
+            value or b"",
+            getattr(message, "timestamp", 0),
+        )
         try:
             with _HANDLE_SECONDS.labels(self.topic).time():
                 await self.handler(received)

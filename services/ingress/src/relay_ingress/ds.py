@@ -12,7 +12,9 @@ Invariants:
 - nothing reaches Kafka before the request is well-formed: database name, topics, filters,
   payload base64 and sizes, `n`, `start`, and stream and iterator strings (their partition and
   the store's own checksum), so a 400 changes nothing;
-- 201 for a write only once every part's retainer answered that its messages are durable.
+- 201 for a write only once every part's retainer answered that its messages are durable;
+- every message reaches Kafka with its `ts`: one the client left out is the ingress's clock
+  (as for publications), so a replay of the log gives the store's messages exactly.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Annotated
 from fastapi import APIRouter, Body, Path, Query
 from pydantic import BaseModel, Field
 
-from relay_bus import routing
+from relay_bus import routing, schemas
 from relay_ds import batches, tokens
 from relay_ds.errors import BadToken, Refused, TooLarge
 from relay_ingress import asking
@@ -49,7 +51,8 @@ class NewMessage(StrictBody):
     topic: str = Field(pattern=topic_rules.TOPIC_PATTERN, description="topic name (no wildcards)")
     payload: str = Field(pattern=B64U_PATTERN, description="b64u payload")
     ts: Ts | None = None
-    """Unix ms; omitted: the store's clock (never decreasing per database)."""
+    """Unix ms; omitted: the ingress's clock when the request arrived (stamped before the
+    write reaches Kafka, so the archive holds the ts the store keeps; decision 0012)."""
 
 
 class Stored(BaseModel):
@@ -127,6 +130,8 @@ async def store(
         payload_bytes=config.max_body_bytes,
     )
     partitions = config.kafka.partitions
+    now = int(schemas.now_ms_())
+    messages = [m if m.ts is not None else m.model_copy(update={"ts": now}) for m in messages]
     try:
         parts = batches.split(messages, limits, lambda t: routing.partition_of_topic(t, partitions))
     except TooLarge as error:

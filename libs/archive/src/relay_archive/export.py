@@ -1,0 +1,125 @@
+"""Live state written as tables for verify: a stopped queue-writer's or retainer's data dir,
+read through its own engines (never by parsing their files), as of its position in the log.
+
+The queue-writer's position is exact: before applying a command it marks `<epoch>:<next
+offset>` per partition in its journal, in order with the changes (`relay_queue_writer.commands`),
+so the marks are the cut. The retainer keeps no such marks (its consumer commits offsets to
+Kafka): its export is taken as of everything it read, which for a stopped retainer that had
+caught up is the archive's end.
+
+Invariants: an export never changes what the engines hold beyond what opening them does (the
+recovery every start runs); a data dir whose marks name two epochs is refused
+(`ExportError`), since no single cut describes it; a folder that is not such a data dir is
+refused before anything is opened.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from relay_archive import tables
+from relay_durable import codec
+from relay_journal.journal import QueueJournal
+from relay_journal.settings import JournalSettings
+from relay_storelog.store import StoreLog, StoreLogSettings
+from relay_streams.retained import RetainedStore
+
+CUT_FILE = "cut-{name}.json"
+
+
+class ExportError(Exception):
+    pass
+
+
+def export_queue_writer(data_dir: Path, out: Path, name: str, at_ms: int) -> tables.Cut:
+    """Write `<out>/queues/<name>.parquet`, `<out>/messages/<name>.parquet` and the cut."""
+    if not (data_dir / "journal").is_dir() or not (data_dir / "store").is_dir():
+        raise ExportError(f"{data_dir}: not a queue-writer data dir (no journal/ and store/)")
+    journal = QueueJournal(JournalSettings(root=data_dir / "journal"))
+    try:
+        store = StoreLog(StoreLogSettings(root=data_dir / "store"))
+        try:
+            queues, messages = [], []
+            for record in sorted(store.queues.values()):
+                queues.append(
+                    {
+                        "queue": record.recipient_id,
+                        "sender": record.sender_id,
+                        "recipient_key": record.recipient_key,
+                        "status": record.status,
+                    }
+                )
+                for m in journal.messages(record.recipient_id):
+                    messages.append(
+                        {
+                            "queue": record.recipient_id,
+                            "msg_id": codec.b64u(m.msg_id),
+                            "ts": None if m.quota else m.ts_ms,
+                            "expires_ms": m.expires_ms or None,
+                            "body": codec.b64u(m.body),
+                            "quota": m.quota,
+                        }
+                    )
+            marks = dict(journal.marks)
+        finally:
+            store.close()
+    finally:
+        journal.close()
+    epochs, offsets = set(), {}
+    for key, value in marks.items():
+        epoch, _, offset = value.partition(":")
+        if key.startswith("p") and key[1:].isdigit() and offset.isdigit():
+            epochs.add(epoch)
+            offsets[int(key[1:])] = int(offset)
+    if len(epochs) > 1:
+        raise ExportError(f"{data_dir}: marks of several broker epochs {sorted(epochs)}")
+    cut = tables.Cut(epochs.pop() if epochs else "", at_ms, offsets)
+    tables.write_table(out, "queues", queues, name)
+    tables.write_table(out, "messages", messages, name)
+    (out / CUT_FILE.format(name=name)).write_text(cut.to_json())
+    return cut
+
+
+def export_retainer(data_dir: Path, out: Path, name: str) -> int:
+    """Write `<out>/retained/<name>.parquet` (every retained message, expired ones included:
+    verify explains them); returns how many."""
+    if not (data_dir / "retained").is_dir():
+        raise ExportError(f"{data_dir}: not a retainer data dir (no retained/)")
+    rows = []
+    with RetainedStore(data_dir / "retained") as store:
+        for message in store.match("#", now=0):
+            rows.append(
+                {
+                    "topic": message.topic,
+                    "payload": codec.b64u(message.payload),
+                    "ts": message.ts,
+                    "expires_ms": message.expires_at,
+                }
+            )
+    tables.write_table(out, "retained", rows, name)
+    return len(rows)
+
+
+def read_cut(out: Path, at_ms: int) -> tables.Cut:
+    """The cut of a whole export: every queue-writer's offsets (one epoch), taken at `at_ms`."""
+    epochs, offsets = set(), {}
+    for path in sorted(out.glob(CUT_FILE.format(name="*"))):
+        cut = tables.Cut.from_json(path.read_text())
+        if cut.epoch:
+            epochs.add(cut.epoch)
+        offsets.update(cut.offsets or {})
+    if len(epochs) != 1:
+        raise ExportError(f"{out}: cuts name {len(epochs)} epochs ({sorted(epochs)}), need one")
+    return tables.Cut(epochs.pop(), at_ms, offsets)
+
+
+def write_manifest(out: Path, at_ms: int) -> None:
+    (out / "export.json").write_text(json.dumps({"at_ms": at_ms, "layout": 1}))
+
+
+def read_manifest(out: Path) -> int:
+    try:
+        return int(json.loads((out / "export.json").read_text())["at_ms"])
+    except (OSError, ValueError, KeyError) as error:
+        raise ExportError(f"{out}: not an export ({error})") from None

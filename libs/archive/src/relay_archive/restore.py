@@ -1,0 +1,148 @@
+"""Restore: a new queue-writer or retainer data dir written from a rebuild, through the
+engines (never by writing their files), with the marks that let the service go on from Kafka.
+
+Queue-writer instance `k` of `n` gets the rebuilt queues whose partition `p` has `p mod n ==
+k`: each queue record in the store log (active or suspended), its messages in the order their
+sends were applied (partition and offset) with their ts and expiry, and, per owned partition,
+the journal mark `<epoch>:<cut offset>` the queue-writer resumes from: commands before the cut
+are in the restored state, commands after it are read from Kafka as usual. A retainer gets the
+rebuilt retained messages of its partitions, with their ts and expiry; it resumes from its
+consumer group's committed offsets, which a lost volume does not lose.
+
+Invariants: a restore writes only into a data dir that holds no journal, store log or retained
+store (`RestoreError` before anything is written otherwise); everything written is durable when
+it returns (the engines' own fsyncs, then a store-log dump). Not restored: quota markers (the
+journal appends one only when a send is refused at the quota; counted in the result) and the
+queue-writer's memory of recent msg_ids (a SEND put on Kafka twice across the cut is kept once
+by the cut itself).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from relay_archive import tables
+from relay_durable import codec
+from relay_journal.journal import QueueJournal
+from relay_journal.settings import JournalSettings
+from relay_queues import ids
+from relay_storelog.records import QueueRecord
+from relay_storelog.store import StoreLog, StoreLogSettings
+from relay_streams.retained import RetainedStore, Write
+
+
+class RestoreError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class Restored:
+    queues: int = 0
+    messages: int = 0
+    quota_markers_skipped: int = 0
+    retained: int = 0
+    marks: dict[int, int] | None = None
+
+
+def _owned(partition: int, ordinal: int, replicas: int) -> bool:
+    return partition % replicas == ordinal
+
+
+def _refuse_if_used(*paths: Path) -> None:
+    for path in paths:
+        if path.exists() and any(path.iterdir()):
+            raise RestoreError(f"{path} is not empty: restore writes a new data dir only")
+
+
+def read_cut(rebuilt: Path) -> tables.Cut:
+    try:
+        return tables.Cut.from_json((rebuilt / "cut.json").read_text())
+    except (OSError, ValueError, KeyError) as error:
+        raise RestoreError(f"{rebuilt}: not a rebuild (cut.json: {error})") from None
+
+
+def restore_queue_writer(
+    rebuilt: Path, data_dir: Path, ordinal: int, replicas: int, partitions: int
+) -> Restored:
+    if not 0 <= ordinal < replicas:
+        raise RestoreError(f"ordinal {ordinal} is not in 0..{replicas - 1}")
+    cut = read_cut(rebuilt)
+    _refuse_if_used(data_dir / "journal", data_dir / "store")
+    queues = [
+        q
+        for q in tables.read_table(rebuilt, "queues").to_pylist()
+        if _owned(ids.partition_of(q["queue"], partitions), ordinal, replicas)
+    ]
+    owned = {q["queue"] for q in queues}
+    messages = sorted(
+        (m for m in tables.read_table(rebuilt, "messages").to_pylist() if m["queue"] in owned),
+        key=lambda m: (m["partition"], m["offset"]),
+    )
+    journal = QueueJournal(JournalSettings(root=data_dir / "journal"))
+    try:
+        store = StoreLog(StoreLogSettings(root=data_dir / "store"))
+        try:
+            quota = journal.settings.max_queue_messages
+            for q in queues:
+                record = QueueRecord(
+                    q["queue"], q["sender"], q["recipient_key"], quota, cut.at_ms, cut.at_ms
+                )
+                store.new(record)
+            written = skipped = 0
+            for m in messages:
+                if m["quota"]:
+                    skipped += 1
+                    continue
+                journal.write(
+                    m["queue"],
+                    ids.id_bytes(m["msg_id"]),
+                    codec.unb64u(m["body"]),
+                    ts_ms=m["ts"],
+                    expires_ms=m["expires_ms"] or 0,
+                )
+                written += 1
+            for q in queues:
+                if q["status"] == "suspended":
+                    journal.suspend(q["queue"])
+                    store.set_status(q["queue"], "suspended", cut.at_ms)
+            marks = {
+                p: offset
+                for p, offset in (cut.offsets or {}).items()
+                if _owned(p, ordinal, replicas)
+            }
+            for partition, offset in sorted(marks.items()):
+                journal.mark(f"p{partition}", f"{cut.epoch}:{offset}")
+            journal.sync()
+            store.dump()
+            store.wait_dump()
+        finally:
+            store.close()
+    finally:
+        journal.close()
+    return Restored(len(queues), written, skipped, 0, marks)
+
+
+def restore_retainer(rebuilt: Path, data_dir: Path, ordinal: int, replicas: int) -> Restored:
+    """Retained messages of this retainer's partitions (`partition_of_topic`, computed by the
+    rebuild: each row's `partition` is the Kafka partition its publication came from)."""
+    if not 0 <= ordinal < replicas:
+        raise RestoreError(f"ordinal {ordinal} is not in 0..{replicas - 1}")
+    read_cut(rebuilt)
+    _refuse_if_used(data_dir / "retained")
+    rows = [
+        r
+        for r in tables.read_table(rebuilt, "retained").to_pylist()
+        if _owned(r["partition"], ordinal, replicas)
+    ]
+    (data_dir / "retained").mkdir(parents=True, exist_ok=True)
+    with RetainedStore(data_dir / "retained") as store:
+        writes = []
+        for r in rows:
+            expiry = None
+            if r["expires_ms"] is not None:
+                expiry = max(1, (r["expires_ms"] - r["ts"]) // 1000)
+            writes.append(Write(r["topic"], codec.unb64u(r["payload"]), 0, expiry, r["ts"]))
+        for start in range(0, len(writes), 1000):
+            store.store_many(writes[start : start + 1000])
+    return Restored(retained=len(rows))

@@ -1,0 +1,132 @@
+"""The tables a rebuild writes and an export writes, so that verify compares like with like:
+queues, messages, retained messages and uncertain requests, each one Parquet schema, and the
+cut (where in the log a state stands) as JSON.
+
+Invariant: the Spark jobs and the plain-Python rebuild write the same schemas from the same
+`relay_archive.replay` values (`*_rows`); an export writes the same columns, with the log
+positions it does not know as nulls.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from relay_archive import replay
+
+QUEUES = pa.schema(
+    [
+        pa.field("queue", pa.string(), nullable=False),
+        pa.field("sender", pa.string(), nullable=False),
+        pa.field("recipient_key", pa.string(), nullable=False),
+        pa.field("status", pa.string(), nullable=False),
+    ]
+)
+MESSAGES = pa.schema(
+    [
+        pa.field("queue", pa.string(), nullable=False),
+        pa.field("msg_id", pa.string(), nullable=False),
+        pa.field("ts", pa.int64()),
+        pa.field("expires_ms", pa.int64()),
+        pa.field("body", pa.string(), nullable=False),
+        pa.field("quota", pa.bool_(), nullable=False),
+        pa.field("command", pa.string()),
+        pa.field("partition", pa.int32()),
+        pa.field("offset", pa.int64()),
+    ]
+)
+RETAINED = pa.schema(
+    [
+        pa.field("topic", pa.string(), nullable=False),
+        pa.field("payload", pa.string(), nullable=False),
+        pa.field("ts", pa.int64(), nullable=False),
+        pa.field("expires_ms", pa.int64()),
+        pa.field("request", pa.string()),
+        pa.field("partition", pa.int32()),
+        pa.field("offset", pa.int64()),
+    ]
+)
+UNCERTAIN = pa.schema(
+    [
+        pa.field("partition", pa.int32(), nullable=False),
+        pa.field("offset", pa.int64(), nullable=False),
+        pa.field("command", pa.string(), nullable=False),
+        pa.field("op", pa.string(), nullable=False),
+        pa.field("subject", pa.string(), nullable=False),
+        pa.field("msg_id", pa.string(), nullable=False),
+    ]
+)
+SCHEMAS = {"queues": QUEUES, "messages": MESSAGES, "retained": RETAINED, "uncertain": UNCERTAIN}
+
+
+@dataclass(frozen=True)
+class Cut:
+    """Where a state stands in the log: per command partition, the first offset not applied
+    (None: everything archived), and the wall-clock time the state was taken (expiry)."""
+
+    epoch: str
+    at_ms: int
+    offsets: dict[int, int] | None = None
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        if self.offsets is not None:
+            data["offsets"] = {str(k): v for k, v in sorted(self.offsets.items())}
+        return json.dumps(data, sort_keys=True)
+
+    @staticmethod
+    def from_json(text: str) -> Cut:
+        data = json.loads(text)
+        offsets = data.get("offsets")
+        return Cut(
+            str(data["epoch"]),
+            int(data["at_ms"]),
+            None if offsets is None else {int(k): int(v) for k, v in offsets.items()},
+        )
+
+
+def queue_rows(state: replay.QueueState) -> list[dict[str, Any]]:
+    return [
+        {"queue": q.queue, "sender": q.sender, "recipient_key": q.recipient_key, "status": q.status}
+        for q in sorted(state.queues.values(), key=lambda q: q.queue)
+    ]
+
+
+def message_rows(state: replay.QueueState) -> list[dict[str, Any]]:
+    return [
+        {k: v for k, v in asdict(m).items() if k in MESSAGES.names} for m in state.all_messages()
+    ]
+
+
+def retained_rows(state: replay.RetainedState) -> list[dict[str, Any]]:
+    return [
+        {k: v for k, v in asdict(m).items() if k in RETAINED.names}
+        for m in sorted(state.topics.values(), key=lambda m: m.topic)
+    ]
+
+
+def uncertain_rows(uncertain: list[replay.Uncertain]) -> list[dict[str, Any]]:
+    return [asdict(u) for u in sorted(uncertain, key=lambda u: (u.partition, u.offset))]
+
+
+def write_table(folder: Path, name: str, rows: list[dict[str, Any]], part: str = "part-0") -> None:
+    """`<folder>/<name>/<part>.parquet` (a folder per table, as Spark writes them)."""
+    target = folder / name
+    target.mkdir(parents=True, exist_ok=True)
+    table = pa.Table.from_pylist(rows, schema=SCHEMAS[name])
+    pq.write_table(table, target / f"{part}.parquet", compression="zstd")
+
+
+def read_table(folder: Path, name: str) -> pa.Table:
+    """Every part of a table written by `write_table` or by Spark (empty if there is none)."""
+    target = folder / name
+    parts = sorted(target.glob("*.parquet")) if target.is_dir() else []
+    if not parts:
+        return SCHEMAS[name].empty_table()
+    tables = [pq.read_table(p).select(SCHEMAS[name].names) for p in parts]
+    return pa.concat_tables([t.cast(SCHEMAS[name]) for t in tables])

@@ -1,0 +1,208 @@
+"""The archiver's work: every record of the archived topics into a slot buffer, each buffer
+rolled into an archive file at a size or an age, lag measured against Kafka's end offsets.
+
+Invariants:
+- reading starts, on every assignment and after a broker log loss, at each partition's resume
+  point in the archive of the current epoch (`relay_archive.reader.resume_points`), never at a
+  committed offset: the archive is the position, so a SIGKILL at any point loses nothing
+  (unwritten buffers are read again) and repeats no range;
+- one slot's files are written one at a time, in offset order (a lock per slot), so a file
+  never becomes durable before an earlier one of its slot;
+- a partition taken away (rebalance) or a stop writes what its buffer holds before letting go;
+- a new broker epoch (the keeper saw a wiped log) writes the old epoch's buffers, then archives
+  the new log under its own epoch: offsets of two logs are never mixed in one folder.
+  Caveat: records of the consumer's batch in hand when the keeper notices the new epoch are
+  filed under the new one (one batch at most, and only after a wipe).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import structlog
+from prometheus_client import Counter, Gauge
+
+from relay_archive import layout, reader, rows, selection, writer
+from relay_archive.store import ArchiveStore
+from relay_bus.bus import Bus
+from relay_bus.consumers import Received
+
+log = structlog.get_logger(__name__)
+
+_RECORDS = Counter("relay_archiver_records_total", "Records written to archive files", ["topic"])
+_SKIPPED = Counter(
+    "relay_archiver_records_not_kept_total", "Records read and covered but not kept", ["topic"]
+)
+_FILES = Counter("relay_archiver_files_total", "Archive files written", ["topic"])
+_BYTES = Counter("relay_archiver_bytes_total", "Bytes of archive files written", ["topic"])
+_LAG = Gauge(
+    "relay_archiver_lag_records",
+    "Records on Kafka not yet in an archive file (end offset - resume point)",
+    ["topic", "partition"],
+)
+_ARCHIVED_TO = Gauge(
+    "relay_archiver_resume_offset",
+    "First offset not yet in an archive file",
+    ["topic", "partition"],
+)
+
+
+@dataclass(frozen=True)
+class Timing:
+    roll_check_s: float = 1.0
+    """How often buffers are checked against the roll policy."""
+    lag_interval_s: float = 5.0
+    """How often lag is measured against Kafka's end offsets."""
+
+
+class Archiver:
+    def __init__(
+        self, bus: Bus, store: ArchiveStore, policy: writer.RollPolicy, timing: Timing
+    ) -> None:
+        self.bus = bus
+        self.store = store
+        self.policy = policy
+        self.timing = timing
+        self.buffers: dict[layout.Slot, writer.SlotBuffer] = {}
+        self._locks: dict[layout.Slot, asyncio.Lock] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        removed = await asyncio.to_thread(self.store.clean_temporary)
+        if removed:
+            log.warning("archive_temporary_files_removed", count=removed)
+        self._tasks = [
+            asyncio.create_task(self._roll_every(), name="archive-roll"),
+            asyncio.create_task(self._measure_lag_every(), name="archive-lag"),
+        ]
+
+    async def close(self) -> None:
+        """After the consumers stopped: write every buffer."""
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+        await self.flush(list(self.buffers))
+
+    # -- consuming -------------------------------------------------------------------------
+
+    def handler(self, topic: str) -> Callable[[Received], Awaitable[None]]:
+        async def handle(received: Received) -> None:
+            await self.add(topic, received)
+
+        return handle
+
+    def start_offsets(self, topic: str) -> Callable[[list[int]], Awaitable[dict[int, int]]]:
+        async def start(partitions: list[int]) -> dict[int, int]:
+            return await self.resume(topic, partitions)
+
+        return start
+
+    def revoked(self, topic: str) -> Callable[[list[int]], Awaitable[None]]:
+        async def revoked(partitions: list[int]) -> None:
+            await self.flush(
+                [s for s in self.buffers if s.topic == topic and s.partition in partitions]
+            )
+            for slot in [s for s in self.buffers if s.topic == topic and s.partition in partitions]:
+                self.buffers.pop(slot, None)
+
+        return revoked
+
+    async def resume(self, topic: str, partitions: list[int]) -> dict[int, int]:
+        """Where to read `partitions` of `topic`: write what is buffered (of any epoch), then
+        start each at its resume point in the current epoch's archive (0 for none yet)."""
+        epoch = self._epoch()
+        await self.flush([s for s in self.buffers if s.topic == topic])
+        for slot in [s for s in self.buffers if s.topic == topic]:
+            del self.buffers[slot]
+        points = await asyncio.to_thread(reader.resume_points, self.store, epoch, topic)
+        for partition in partitions:
+            slot = layout.Slot(epoch, topic, partition)
+            self.buffers[slot] = writer.SlotBuffer(slot, points.get(partition))
+        offsets = {p: points.get(p, 0) for p in partitions}
+        log.info("archive_resumed", topic=topic, epoch=epoch, offsets=offsets)
+        return offsets
+
+    async def add(self, topic: str, received: Received) -> None:
+        slot = layout.Slot(self._epoch(), topic, received.partition)
+        buffer = self.buffers.get(slot)
+        if buffer is None:
+            # A new epoch seen before the consumer was told to read again: the old epoch's
+            # buffers are written first (see the module's caveat).
+            await self.flush([s for s in self.buffers if s.topic == topic])
+            for old in [s for s in self.buffers if s.topic == topic and s.epoch != slot.epoch]:
+                del self.buffers[old]
+            buffer = self.buffers.setdefault(slot, writer.SlotBuffer(slot, None))
+        if buffer.pending and received.offset <= buffer.last:
+            return  # read twice (a seek back after a handler retry): already buffered
+        kind = received.record.kind
+        if selection.keeps(topic, kind):
+            row = rows.row_of(received.offset, received.timestamp_ms, received.key, received.value)
+        else:
+            row = None
+            _SKIPPED.labels(topic).inc()
+        buffer.add(received.offset, row, time.monotonic())
+        if buffer.bytes >= self.policy.max_bytes:
+            await self.flush([slot])
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def _epoch(self) -> str:
+        assert self.bus.epoch is not None, "bus not started"
+        return self.bus.epoch
+
+    async def flush(self, slots: list[layout.Slot]) -> None:
+        for slot in slots:
+            lock = self._locks.setdefault(slot, asyncio.Lock())
+            async with lock:
+                buffer = self.buffers.get(slot)
+                taken = buffer.take() if buffer is not None else None
+                if taken is None:
+                    continue
+                f, kept = taken
+                size = await asyncio.to_thread(writer.write, self.store, f, kept)
+                _RECORDS.labels(slot.topic).inc(len(kept))
+                _FILES.labels(slot.topic).inc()
+                _BYTES.labels(slot.topic).inc(size)
+                _ARCHIVED_TO.labels(slot.topic, str(slot.partition)).set(f.last + 1)
+                log.debug("archive_file_written", path=f.path, records=len(kept), bytes=size)
+
+    async def _roll_every(self) -> None:
+        while True:
+            await asyncio.sleep(self.timing.roll_check_s)
+            now = time.monotonic()
+            due = [s for s, b in self.buffers.items() if b.due(self.policy, now)]
+            try:
+                await self.flush(due)
+            except OSError as error:
+                # Kept in the buffer: retried at the next check (the disk may come back).
+                log.error("archive_write_failed", error=str(error))
+
+    async def _measure_lag_every(self) -> None:
+        while True:
+            await asyncio.sleep(self.timing.lag_interval_s)
+            try:
+                await self.measure_lag()
+            except Exception as error:  # a metric must not stop the archiver
+                log.warning("archive_lag_unmeasured", error=str(error) or type(error).__name__)
+
+    async def measure_lag(self) -> dict[tuple[str, int], int]:
+        lags: dict[tuple[str, int], int] = {}
+        epoch = self.bus.epoch
+        for topic in selection.ARCHIVED:
+            slots = [s for s in self.buffers if s.topic == topic and s.epoch == epoch]
+            if not slots:
+                continue
+            ends = await self.bus.end_offsets(topic, [s.partition for s in slots])
+            for slot in slots:
+                buffer = self.buffers[slot]
+                archived_to = buffer.first if buffer.first is not None else ends[slot.partition]
+                lag = max(0, ends[slot.partition] - archived_to)
+                lags[(topic, slot.partition)] = lag
+                _LAG.labels(topic, str(slot.partition)).set(lag)
+        return lags

@@ -1,0 +1,1 @@
+"""Relay's PySpark jobs over the Kafka archive (`relay_archive`)."""

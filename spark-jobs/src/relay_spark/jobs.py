@@ -1,0 +1,291 @@
+"""The PySpark jobs: `rebuild_queues`, `rebuild_retained` and `verify`, over the archive's
+Parquet layout (`relay_archive.layout`, whose `partition=P` folders Spark reads as a column).
+
+How a rebuild runs: the requests of one epoch (deduplicated by partition and offset, then cut),
+left-joined with the first reply archived for each id, grouped by Kafka partition, each
+partition's requests sorted by offset and replayed by `relay_archive.replay` on a worker: a
+queue's commands all live on one partition, so a partition's replay is complete. The output is
+the tables of `relay_archive.tables`, the same the plain-Python rebuild writes.
+
+How verify runs: each table of the rebuilt state is fully outer-joined with the export's on its
+key; rows equal on both sides are dropped by Spark; the rest (few) are classified on the driver
+by `relay_archive.verify`'s pure functions, with the archive's health checked from its file
+names and footers.
+
+Invariants: jobs read, never change, the archive; outputs are written whole per table
+(`mode("overwrite")`), one file per table part.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from relay_archive import layout, replay, report, tables, verify
+from relay_archive import rebuild as rebuild_module
+from relay_archive import rows as archive_rows
+from relay_archive.store import ArchiveStore
+from relay_bus import topics
+
+_TYPES = {
+    pa.string(): T.StringType(),
+    pa.int64(): T.LongType(),
+    pa.int32(): T.IntegerType(),
+    pa.bool_(): T.BooleanType(),
+    pa.binary(): T.BinaryType(),
+}
+
+
+def spark_schema(schema: pa.Schema) -> T.StructType:
+    return T.StructType([T.StructField(f.name, _TYPES[f.type], f.nullable) for f in schema])
+
+
+def read_topic(
+    spark: SparkSession, store: ArchiveStore, epoch: str, topic: str, kinds: list[str]
+) -> DataFrame:
+    """One topic of one epoch, once per (partition, offset), only `kinds`."""
+    folder = f"{layout.LAYOUT}/epoch={epoch}/topic={topic}"
+    schema = spark_schema(archive_rows.SCHEMA).add("partition", T.IntegerType(), False)
+    if not store.list_files(folder):
+        return spark.createDataFrame([], schema)
+    path = f"{store.root.rstrip('/')}/{folder}"
+    frame = spark.read.option("basePath", path).parquet(path)
+    return (
+        frame.where(F.col("kind").isin(kinds))
+        .dropDuplicates(["partition", "offset"])
+        .select(*schema.fieldNames())
+    )
+
+
+def _answered(
+    spark: SparkSession,
+    store: ArchiveStore,
+    cut: tables.Cut,
+    topic: str,
+    kinds: list[str],
+    reply_kind: str,
+) -> DataFrame:
+    requests = read_topic(spark, store, cut.epoch, topic, kinds)
+    if cut.offsets is not None:
+        ends = spark.createDataFrame(
+            [(p, o) for p, o in cut.offsets.items()] or [(-1, 0)], "cut_partition int, cut_end long"
+        )
+        requests = requests.join(
+            F.broadcast(ends), requests.partition == ends.cut_partition, "inner"
+        ).where(F.col("offset") < F.col("cut_end"))
+    replies = read_topic(spark, store, cut.epoch, topics.INGRESS_INBOX, [reply_kind])
+    first = Window.partitionBy("id").orderBy("partition", "offset")
+    replies = (
+        replies.withColumn("n", F.row_number().over(first))
+        .where(F.col("n") == 1)
+        .select(F.col("id").alias("reply_id"), F.col("value").alias("reply"))
+    )
+    joined = requests.join(replies, requests.id == replies.reply_id, "left")
+    return joined.select("partition", "offset", "value", "reply")
+
+
+def _grouped(frame: DataFrame) -> Any:
+    return frame.rdd.map(
+        lambda r: (
+            r["partition"],
+            (r["offset"], bytes(r["value"]), None if r["reply"] is None else bytes(r["reply"])),
+        )
+    ).groupByKey()
+
+
+def _replay_queue_partition(
+    item: tuple[int, Iterable[tuple[int, bytes, bytes | None]]],
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    partition, requests = item
+    answered = (
+        replay.Answered(partition, offset, value, reply)
+        for offset, value, reply in sorted(requests, key=lambda r: r[0])
+    )
+    state = replay.replay_queues(answered)
+    for row in tables.queue_rows(state):
+        yield "queues", row
+    for row in tables.message_rows(state):
+        yield "messages", row
+    for row in tables.uncertain_rows(state.uncertain):
+        yield "uncertain", row
+
+
+def _replay_retained_partition(
+    item: tuple[int, Iterable[tuple[int, bytes, bytes | None]]],
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    partition, requests = item
+    answered = (
+        replay.Answered(partition, offset, value, reply)
+        for offset, value, reply in sorted(requests, key=lambda r: r[0])
+    )
+    state = replay.replay_retained(answered)
+    for row in tables.retained_rows(state):
+        yield "retained", row
+    for row in tables.uncertain_rows(state.uncertain):
+        yield "uncertain", row
+
+
+def _write(spark: SparkSession, produced: Any, modes: dict[str, str], out: Path) -> dict[str, int]:
+    """Each table's rows into `out/<table>/` (mode `overwrite`, or `append` to add a part)."""
+    produced = produced.cache()
+    written = {}
+    for name, mode in modes.items():
+        schema = spark_schema(tables.SCHEMAS[name])
+        fields = schema.fieldNames()
+        part = produced.filter(lambda r, name=name: r[0] == name).map(
+            lambda r, fields=fields: tuple(r[1][f] for f in fields)
+        )
+        frame = spark.createDataFrame(part, schema)
+        frame.coalesce(1).write.mode(mode).parquet(str(out / name))
+        written[name] = frame.count()
+    produced.unpersist()
+    return written
+
+
+def rebuild_queues(
+    spark: SparkSession, store: ArchiveStore, cut: tables.Cut, out: Path
+) -> dict[str, int]:
+    """Queues, messages and uncertain commands as of `cut`, into `out/<table>/`."""
+    frame = _answered(spark, store, cut, topics.QUEUE_COMMANDS, ["queue_cmd"], "queue_reply")
+    produced = _grouped(frame).flatMap(_replay_queue_partition)
+    modes = {"queues": "overwrite", "messages": "overwrite", "uncertain": "overwrite"}
+    return _write(spark, produced, modes, out)
+
+
+def rebuild_retained(
+    spark: SparkSession, store: ArchiveStore, cut: tables.Cut, out: Path
+) -> dict[str, int]:
+    """Retained messages from every archived publication into `out/retained/`; its uncertain
+    writes are added to `out/uncertain/` (run after `rebuild_queues`, which overwrites it)."""
+    everything = tables.Cut(cut.epoch, cut.at_ms, None)
+    kinds = ["publication", "retained_request"]
+    frame = _answered(spark, store, everything, topics.PUBLICATIONS, kinds, "ds_reply")
+    produced = _grouped(frame).flatMap(_replay_retained_partition)
+    return _write(spark, produced, {"retained": "overwrite", "uncertain": "append"}, out)
+
+
+def rebuild(spark: SparkSession, store: ArchiveStore, cut: tables.Cut, out: Path) -> dict[str, int]:
+    """Both rebuilds into one folder of tables (`uncertain` holding both kinds), and the cut
+    they stand at (`cut.json`, what a restore marks)."""
+    queues = rebuild_queues(spark, store, cut, out)
+    retained = rebuild_retained(spark, store, cut, out)
+    (out / "cut.json").write_text(cut.to_json())
+    return {
+        **queues,
+        "retained": retained["retained"],
+        "uncertain": queues["uncertain"] + retained["uncertain"],
+    }
+
+
+def rebuild_python(store: ArchiveStore, cut: tables.Cut, out: Path) -> dict[str, int]:
+    """The same tables from the plain-Python rebuild (`relay_archive.rebuild`)."""
+    queues = rebuild_module.rebuild_queues(store, cut)
+    retained = rebuild_module.rebuild_retained(store, cut)
+    written = {
+        "queues": tables.queue_rows(queues),
+        "messages": tables.message_rows(queues),
+        "retained": tables.retained_rows(retained),
+        "uncertain": tables.uncertain_rows(queues.uncertain + retained.uncertain),
+    }
+    for name, table_rows in written.items():
+        shutil.rmtree(out / name, ignore_errors=True)
+        tables.write_table(out, name, table_rows)
+    (out / "cut.json").write_text(cut.to_json())
+    return {name: len(table_rows) for name, table_rows in written.items()}
+
+
+_KEYS = {"queues": "queue", "messages": "msg_id", "retained": "topic"}
+_COMPARED = {
+    "queues": ["sender", "recipient_key", "status"],
+    "messages": ["queue", "body", "quota", "ts"],
+    "retained": ["payload", "ts", "expires_ms"],
+}
+
+
+def _differing(
+    spark: SparkSession, rebuilt: Path, live: Path, name: str
+) -> list[tuple[dict[str, Any] | None, dict[str, Any] | None]]:
+    """Pairs (rebuilt row, live row) whose compared columns differ or that exist on one side."""
+    schema = spark_schema(tables.SCHEMAS[name])
+    key = _KEYS[name]
+
+    def load(folder: Path, side: str) -> DataFrame:
+        parts = folder / name
+        frame = (
+            spark.read.schema(schema).parquet(str(parts))
+            if parts.is_dir() and any(parts.glob("*.parquet"))
+            else spark.createDataFrame([], schema)
+        )
+        return frame.select([F.col(c).alias(f"{side}_{c}") for c in schema.fieldNames()])
+
+    r, lv = load(rebuilt, "r"), load(live, "l")
+    joined = r.join(lv, r[f"r_{key}"] == lv[f"l_{key}"], "full_outer")
+    same = F.lit(True)
+    for column in _COMPARED[name]:
+        equal = F.col(f"r_{column}").eqNullSafe(F.col(f"l_{column}"))
+        if name == "messages" and column == "ts":
+            equal = equal | F.coalesce(F.col("r_quota"), F.lit(False))  # markers carry no ts
+        same = same & equal
+    found = []
+    for row in joined.where(~same).collect():
+        values = row.asDict()
+        mine = {c: values[f"r_{c}"] for c in schema.fieldNames()}
+        theirs = {c: values[f"l_{c}"] for c in schema.fieldNames()}
+        found.append(
+            (mine if mine[key] is not None else None, theirs if theirs[key] is not None else None)
+        )
+    return found
+
+
+def verify_job(
+    spark: SparkSession, store: ArchiveStore, cut: tables.Cut, rebuilt: Path, live: Path
+) -> tuple[int, dict[str, Any]]:
+    """Classify every difference between `rebuilt` and `live`; returns (exit code, report)."""
+    uncertain_rows = tables.read_table(rebuilt, "uncertain").to_pylist()
+    uncertain = verify.Uncertainty.of(uncertain_rows)
+    differences: list[verify.Difference] = []
+    for name in ("queues", "messages", "retained"):
+        for mine, theirs in _differing(spark, rebuilt, live, name):
+            if name == "queues":
+                found = verify.classify_queue(mine, theirs, uncertain)
+            elif name == "messages":
+                found = verify.classify_message(mine, theirs, uncertain, cut.at_ms)
+            else:
+                found = verify.classify_retained(mine, theirs, uncertain, cut.at_ms)
+            if found is not None:
+                differences.append(found)
+    differences.sort(key=lambda d: (d.what, d.key))
+    health = verify.check_archive(store, cut)
+    code = verify.exit_code(health, differences)
+    commands = read_topic(spark, store, cut.epoch, topics.QUEUE_COMMANDS, ["queue_cmd"])
+    per_minute = (
+        commands.groupBy((F.col("timestamp_ms") / 60000).cast("long").alias("minute"))
+        .count()
+        .orderBy("minute")
+        .collect()
+    )
+    coverage = [(int(r["minute"]), int(r["count"])) for r in per_minute]
+    cut_doc = {"epoch": cut.epoch, "at_ms": cut.at_ms, "offsets": cut.offsets}
+    doc = report.document(verify.counts(differences), differences, health, coverage, cut_doc, code)
+    return code, doc
+
+
+def verify_python(
+    store: ArchiveStore, cut: tables.Cut, rebuilt: Path, live: Path
+) -> tuple[int, dict[str, Any]]:
+    """The same verdict with the plain-Python comparison (`relay_archive.verify.compare`)."""
+    names = ("queues", "messages", "retained", "uncertain")
+    mine = {n: tables.read_table(rebuilt, n) for n in names}
+    theirs = {n: tables.read_table(live, n) for n in names}
+    differences = verify.compare(mine, theirs, cut.at_ms)
+    health = verify.check_archive(store, cut)
+    code = verify.exit_code(health, differences)
+    cut_doc = {"epoch": cut.epoch, "at_ms": cut.at_ms, "offsets": cut.offsets}
+    return code, report.document(verify.counts(differences), differences, health, [], cut_doc, code)

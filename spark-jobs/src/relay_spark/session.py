@@ -1,0 +1,36 @@
+"""The Spark session of every job: `local[2]` by default (any master in production), bound to
+127.0.0.1 locally, UI off unless asked, Python workers on this interpreter (so they import the
+same `relay_archive` as the driver).
+
+Invariant: one session per process (`getOrCreate`); jobs take it as an argument, so tests share
+one per module.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from pyspark.sql import SparkSession
+
+
+def session(master: str = "local[2]", *, ui: bool = False, app: str = "relay") -> SparkSession:
+    # Python workers are started by the JVM from PYSPARK_PYTHON (in local mode the
+    # `spark.pyspark.python` setting is read only by spark-submit): this interpreter, so they
+    # see this virtual environment's packages. The JVM inherits it when the session starts.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = (
+        SparkSession.builder.master(master)
+        .appName(app)
+        .config("spark.ui.enabled", str(ui).lower())
+        # Small archives and 2 cores: the default 200 shuffle partitions cost more than the work.
+        .config("spark.sql.shuffle.partitions", "8")
+        .config("spark.sql.session.timeZone", "UTC")
+    )
+    if master.startswith("local"):
+        builder = builder.config("spark.driver.host", "127.0.0.1").config(
+            "spark.driver.bindAddress", "127.0.0.1"
+        )
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    return spark

@@ -1,0 +1,154 @@
+"""The archive's files on a real folder: names, atomic writes, resume points, overlaps removed
+on read, damaged files reported."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from relay_archive import layout, reader, rows, writer
+from relay_archive.store import CorruptArchiveFile, LocalStore, ObjectStore
+
+SLOT = layout.Slot("e1", "relay.queue.commands", 3)
+
+
+def _row(offset: int, kind: str = "queue_cmd") -> rows.Row:
+    value = json.dumps({"kind": kind, "v": 2, "id": f"c{offset}"}).encode()
+    return rows.row_of(offset, 1_700_000_000_000 + offset, b"k", value)
+
+
+def _write(
+    store: LocalStore, first: int, last: int, slot: layout.Slot = SLOT
+) -> layout.ArchiveFile:
+    f = layout.ArchiveFile(slot, first, last)
+    writer.write(store, f, [_row(o) for o in range(first, last + 1)])
+    return f
+
+
+def test_names_round_trip_and_bad_names_are_refused() -> None:
+    f = layout.ArchiveFile(SLOT, 10, 19)
+    assert f.path == (
+        "v1/epoch=e1/topic=relay.queue.commands/partition=3/relay.queue.commands+3+10+19.parquet"
+    )
+    assert layout.parse(f.path) == f
+    for bad in [
+        "v2/epoch=e1/topic=t/partition=0/t+0+0+1.parquet",
+        "v1/epoch=e1/topic=t/partition=0/.tmp-abc-t+0+0+1.parquet",
+        "v1/epoch=e1/topic=t/partition=0/t+0+5+1.parquet",
+        "v1/epoch=e1/topic=t/partition=1/t+0+0+1.parquet",
+        "v1/epoch=e1/topic=u/partition=0/t+0+0+1.parquet",
+        "v1/epoch=e/1/topic=t/partition=0/t+0+0+1.parquet",
+        "v1/epoch=e1/topic=t/partition=0/t+0+0+1.json",
+    ]:
+        with pytest.raises(layout.BadArchiveName):
+            layout.parse(bad)
+    with pytest.raises(layout.BadArchiveName):
+        layout.Slot("e/1", "t", 0)
+
+
+def test_row_of_keeps_any_bytes() -> None:
+    row = rows.row_of(5, 1, None, b"\xff not json")
+    assert (row.kind, row.v, row.id, row.value) == ("", 0, "", b"\xff not json")
+    row = rows.row_of(6, 1, None, b'{"kind": "queue_reply", "v": 1, "id": "x"}')
+    assert (row.kind, row.v, row.id) == ("queue_reply", 1, "x")
+
+
+def test_written_file_is_zstd_parquet_with_the_schema(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path)
+    f = _write(store, 0, 4)
+    path = tmp_path / f.path
+    meta = pq.ParquetFile(path).metadata
+    assert meta.row_group(0).column(0).compression == "ZSTD"
+    table = store.read(f)
+    assert table.schema.equals(rows.SCHEMA)
+    assert table["offset"].to_pylist() == [0, 1, 2, 3, 4]
+    assert table["id"].to_pylist() == [f"c{o}" for o in range(5)]
+    assert not [p for p in path.parent.iterdir() if p.name.startswith(layout.TEMP_PREFIX)]
+
+
+def test_resume_points_follow_the_highest_file(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path)
+    assert reader.resume_points(store, "e1", SLOT.topic) == {}
+    _write(store, 0, 9)
+    _write(store, 10, 14)
+    _write(store, 0, 2, layout.Slot("e1", SLOT.topic, 0))
+    _write(store, 0, 99, layout.Slot("e2", SLOT.topic, 3))
+    assert reader.resume_points(store, "e1", SLOT.topic) == {3: 15, 0: 3}
+
+
+def test_overlap_is_read_once_and_gaps_are_reported(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path)
+    _write(store, 0, 9)
+    _write(store, 5, 14)  # a second writer during a hand-over
+    _write(store, 20, 24)
+    scan = reader.scan(store, "e1", SLOT.topic)
+    offsets = scan.table["offset"].to_pylist()
+    assert offsets == [*range(15), *range(20, 25)]
+    assert scan.coverage[3] == layout.Coverage(0, 24, ((15, 19),), 5)
+    assert scan.gaps == {3: ((15, 19),)}
+
+
+def test_slot_buffer_is_contiguous_and_refuses_going_back(tmp_path: Path) -> None:
+    buffer = writer.SlotBuffer(SLOT, first=7)
+    policy = writer.RollPolicy(max_bytes=10**9, max_age_s=5)
+    buffer.add(7, _row(7), now_s=100.0)
+    buffer.add(8, None, now_s=101.0)  # read, not kept (an inbox delivery)
+    assert not buffer.due(policy, now_s=104.9)
+    assert buffer.due(policy, now_s=105.0)
+    with pytest.raises(writer.OutOfOrder):
+        buffer.add(8, _row(8), now_s=102.0)
+    taken = buffer.take()
+    assert taken is not None
+    f, kept = taken
+    assert (f.first, f.last, [r.offset for r in kept]) == (7, 8, [7])
+    assert buffer.take() is None
+    buffer.add(9, _row(9), now_s=110.0)
+    taken = buffer.take()
+    assert taken is not None
+    assert (taken[0].first, taken[0].last) == (9, 9)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip"])
+def test_a_damaged_file_is_reported_not_misread(tmp_path: Path, damage: str) -> None:
+    store = LocalStore(tmp_path)
+    good = _write(store, 0, 199)
+    bad = _write(store, 200, 399)
+    path = tmp_path / bad.path
+    data = bytearray(path.read_bytes())
+    if damage == "truncate":
+        path.write_bytes(bytes(data[: len(data) // 2]))
+    else:
+        data[len(data) // 3] ^= 0xFF  # inside the data pages
+        path.write_bytes(bytes(data))
+    with pytest.raises(CorruptArchiveFile) as caught:
+        reader.scan(store, "e1", SLOT.topic)
+    assert caught.value.path.endswith(bad.name)
+    scan = reader.scan(store, "e1", SLOT.topic, skip_corrupt=True)
+    assert [c.path for c in scan.corrupt] == [str(path)]
+    assert scan.table["offset"].to_pylist() == list(range(200))
+    assert scan.coverage[3].last == good.last
+
+
+def test_temporary_files_are_never_listed_and_are_cleaned(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path)
+    f = _write(store, 0, 1)
+    stray = tmp_path / f.slot.folder / f"{layout.TEMP_PREFIX}x-{SLOT.topic}+3+2+5.parquet"
+    stray.write_bytes(b"half")
+    assert store.list_files() == [f]
+    assert store.clean_temporary() == 1
+    assert not stray.exists()
+
+
+def test_object_store_path_through_pyarrow_fs(tmp_path: Path) -> None:
+    """The object-storage code path (one PUT per file) on pyarrow's local filesystem: the same
+    listing, reading and resume rules. (No S3-compatible server runs in these tests.)"""
+    store = ObjectStore(f"file://{tmp_path}/bucket")
+    f = layout.ArchiveFile(SLOT, 0, 2)
+    writer.write(store, f, [_row(o) for o in range(3)])
+    (tmp_path / "bucket" / "v1" / "stray.txt").write_text("not an archive file")
+    assert store.list_files() == [f]
+    assert store.read(f)["offset"].to_pylist() == [0, 1, 2]
+    assert reader.resume_points(store, "e1", SLOT.topic) == {3: 3}

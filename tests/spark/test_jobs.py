@@ -1,0 +1,259 @@
+"""The PySpark jobs on `local[2]` (one session for the module) over a synthetic archive written
+through the archive's own writer: Spark's rebuild equals the plain-Python replay, verify's
+classes and exit codes, bad input refused."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from pyspark.sql import SparkSession
+
+from relay_archive import export, layout, rows, tables, verify, writer
+from relay_archive.store import LocalStore
+from relay_bus import topics
+from relay_spark import jobs, main
+from relay_spark.session import session
+from tests.spark import synthetic
+
+AT_MS = 1_700_000_000_000 + 86_400_000
+"""A day after the synthetic history: nothing has expired yet (default ttl 21 days)."""
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[SparkSession]:
+    spark = session("local[2]")
+    yield spark
+    spark.stop()
+
+
+@pytest.fixture(scope="module")
+def archive(tmp_path_factory: pytest.TempPathFactory) -> tuple[LocalStore, synthetic.Made]:
+    store = LocalStore(tmp_path_factory.mktemp("archive"))
+    made = synthetic.make(store, commands=4000, unanswered_every=101, retained=40, per_file=700)
+    # a second archiver's overlapping file during a hand-over: read once
+    (f, *_) = [f for f in made.files if f.slot.topic == topics.QUEUE_COMMANDS and f.first == 0]
+    copy = layout.ArchiveFile(f.slot, 0, 99)
+    writer.write(store, copy, [rows.row_of(**r) for r in _rows(store, f)[:100]])
+    return store, made
+
+
+def _rows(store: LocalStore, f: layout.ArchiveFile) -> list[dict[str, Any]]:
+    table = store.read(f).select(["offset", "timestamp_ms", "key", "value"])
+    return [
+        {
+            "offset": r["offset"],
+            "timestamp_ms": r["timestamp_ms"],
+            "key": r["key"],
+            "value": r["value"],
+        }
+        for r in table.to_pylist()
+    ]
+
+
+def _sorted(folder: Path, name: str) -> list[str]:
+    return sorted(
+        json.dumps(r, sort_keys=True) for r in tables.read_table(folder, name).to_pylist()
+    )
+
+
+@pytest.fixture(scope="module")
+def rebuilt(
+    spark: SparkSession,
+    archive: tuple[LocalStore, synthetic.Made],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[Path, Path, tables.Cut]:
+    store, made = archive
+    cut = tables.Cut(synthetic.EPOCH, AT_MS, made.commands)
+    out = tmp_path_factory.mktemp("rebuilt")
+    spark_counts = jobs.rebuild(spark, store, cut, out / "spark")
+    python_counts = jobs.rebuild_python(store, cut, out / "python")
+    assert spark_counts == python_counts
+    return out / "spark", out / "python", cut
+
+
+def test_spark_rebuild_equals_the_plain_python_replay(
+    rebuilt: tuple[Path, Path, tables.Cut], archive: tuple[LocalStore, synthetic.Made]
+) -> None:
+    spark_out, python_out, _ = rebuilt
+    for name in ("queues", "messages", "retained", "uncertain"):
+        assert _sorted(spark_out, name) == _sorted(python_out, name), name
+    assert len(_sorted(spark_out, "messages")) > 500
+    uncertain = {r["command"] for r in tables.read_table(spark_out, "uncertain").to_pylist()}
+    assert uncertain == set(archive[1].unanswered)
+    assert len(_sorted(spark_out, "retained")) == 20  # 40 publishes on 20 topics
+
+
+def _export(folder: Path, live: dict[str, list[dict[str, Any]]], cut: tables.Cut) -> Path:
+    for name, table_rows in live.items():
+        tables.write_table(folder, name, table_rows, "writer-0")
+    (folder / export.CUT_FILE.format(name="writer-0")).write_text(cut.to_json())
+    export.write_manifest(folder, cut.at_ms)
+    return folder
+
+
+def _live(python_out: Path) -> dict[str, list[dict[str, Any]]]:
+    return {
+        name: tables.read_table(python_out, name).to_pylist()
+        for name in ("queues", "messages", "retained")
+    }
+
+
+def _verify(
+    spark: SparkSession, store: LocalStore, cut: tables.Cut, spark_out: Path, live: Path
+) -> tuple[int, dict[str, Any]]:
+    return jobs.verify_job(spark, store, cut, spark_out, live)
+
+
+def test_clean_and_unanswered_commands_only_uncertain(
+    spark: SparkSession,
+    rebuilt: tuple[Path, Path, tables.Cut],
+    archive: tuple[LocalStore, synthetic.Made],
+    tmp_path: Path,
+) -> None:
+    spark_out, python_out, cut = rebuilt
+    live = _live(python_out)
+    code, doc = _verify(spark, archive[0], cut, spark_out, _export(tmp_path / "clean", live, cut))
+    assert (code, doc["counts"]) == (0, {"MISSING": 0, "EXTRA": 0, "MISMATCH": 0, "EXPLAINED": 0})
+    assert doc["coverage_per_minute"]
+    # the queue-writer applied an unanswered send after all: explained, not EXTRA
+    unanswered = next(
+        r for r in tables.read_table(spark_out, "uncertain").to_pylist() if r["op"] == "send"
+    )
+    queue = next(q["queue"] for q in live["queues"] if q["sender"] == unanswered["subject"])
+    extra = {
+        "queue": queue,
+        "msg_id": unanswered["msg_id"],
+        "ts": 1,
+        "expires_ms": None,
+        "body": "eA",
+        "quota": False,
+    }
+    live["messages"] = [*live["messages"], extra]
+    code, doc = _verify(spark, archive[0], cut, spark_out, _export(tmp_path / "applied", live, cut))
+    assert (code, doc["counts"]["EXPLAINED"], doc["counts"]["EXTRA"]) == (0, 1, 0)
+
+
+def test_a_lost_message_is_one_missing_and_a_flipped_payload_one_mismatch(
+    spark: SparkSession,
+    rebuilt: tuple[Path, Path, tables.Cut],
+    archive: tuple[LocalStore, synthetic.Made],
+    tmp_path: Path,
+) -> None:
+    spark_out, python_out, cut = rebuilt
+    live = _live(python_out)
+    lost = live["messages"].pop(len(live["messages"]) // 2)
+    flipped = live["retained"][0]
+    live["retained"][0] = {**flipped, "payload": "ZmxpcHBlZA"}
+    code, doc = _verify(spark, archive[0], cut, spark_out, _export(tmp_path / "e", live, cut))
+    assert code == 1
+    assert doc["counts"] == {"MISSING": 1, "EXTRA": 0, "MISMATCH": 1, "EXPLAINED": 0}
+    missing = next(d for d in doc["differences"] if d["klass"] == verify.MISSING)
+    assert (missing["key"], missing["rebuilt"]["queue"]) == (lost["msg_id"], lost["queue"])
+    assert missing["rebuilt"]["command"] == lost["command"]  # the send that put it there
+    mismatch = next(d for d in doc["differences"] if d["klass"] == verify.MISMATCH)
+    assert (mismatch["key"], mismatch["reason"]) == (flipped["topic"], "differs in payload")
+
+
+def test_cli_exit_codes_reports_and_bad_input(
+    spark: SparkSession,
+    rebuilt: tuple[Path, Path, tables.Cut],
+    archive: tuple[LocalStore, synthetic.Made],
+    tmp_path: Path,
+) -> None:
+    spark_out, python_out, cut = rebuilt
+    store = archive[0]
+    live = _export(tmp_path / "live", _live(python_out), cut)
+    args = ["verify", "--archive", store.root, "--export", str(live), "--rebuilt", str(spark_out)]
+    with pytest.raises(SystemExit) as done:
+        main.main([*args, "--report", str(tmp_path / "r0")])
+    assert done.value.code == 0
+    assert json.loads((tmp_path / "r0" / "report.json").read_text())["verdict"] == "clean"
+    assert "<svg" in (tmp_path / "r0" / "report.html").read_text()
+    # an archive file removed: a gap, exit 2 whatever the tables say
+    victim = next(
+        f for f in store.list_files() if f.slot.topic == topics.QUEUE_COMMANDS and f.first > 0
+    )
+    moved = tmp_path / "moved.parquet"
+    (Path(store.root) / victim.path).rename(moved)
+    try:
+        with pytest.raises(SystemExit) as done:
+            main.main([*args, "--report", str(tmp_path / "r2"), "--engine", "python"])
+        assert done.value.code == 2
+        doc = json.loads((tmp_path / "r2" / "report.json").read_text())
+        assert doc["archive"]["gaps"][topics.QUEUE_COMMANDS] == [
+            [victim.slot.partition, victim.first, victim.last]
+        ]
+    finally:
+        moved.rename(Path(store.root) / victim.path)
+    # bad input: one line, exit 64, nothing written
+    for bad in (
+        [
+            "verify",
+            "--archive",
+            str(tmp_path / "nope"),
+            "--export",
+            str(live),
+            "--rebuilt",
+            str(spark_out),
+            "--report",
+            str(tmp_path / "r3"),
+        ],
+        [
+            "verify",
+            "--archive",
+            store.root,
+            "--export",
+            str(tmp_path),
+            "--rebuilt",
+            str(spark_out),
+            "--report",
+            str(tmp_path / "r3"),
+        ],
+        ["rebuild", "--archive", store.root, "--epoch", "other", "--out", str(tmp_path / "r3")],
+        ["rebuild", "--archive", store.root],
+    ):
+        with pytest.raises(SystemExit) as done:
+            main.main(bad)
+        assert done.value.code == main.EX_USAGE
+        assert not (tmp_path / "r3").exists()
+
+
+def test_a_corrupt_archive_file_is_a_gap(
+    archive: tuple[LocalStore, synthetic.Made], tmp_path: Path
+) -> None:
+    store, made = archive
+    cut = tables.Cut(synthetic.EPOCH, AT_MS, made.commands)
+    victim = next(f for f in store.list_files() if f.slot.topic == topics.INGRESS_INBOX)
+    path = Path(store.root) / victim.path
+    original = path.read_bytes()
+    path.write_bytes(original[: len(original) // 2])
+    try:
+        health = verify.check_archive(store, cut)
+        assert health.corrupt == [str(path)]
+        assert verify.exit_code(health, []) == 2
+    finally:
+        path.write_bytes(original)
+    assert verify.check_archive(store, cut).whole
+
+
+def test_tables_round_trip_through_parquet(tmp_path: Path) -> None:
+    row = {
+        "queue": "q",
+        "msg_id": "m",
+        "ts": None,
+        "expires_ms": None,
+        "body": "",
+        "quota": True,
+        "command": None,
+        "partition": None,
+        "offset": None,
+    }
+    tables.write_table(tmp_path, "messages", [row])
+    assert tables.read_table(tmp_path, "messages").to_pylist() == [row]
+    assert tables.read_table(tmp_path, "queues").num_rows == 0
+    assert isinstance(tables.read_table(tmp_path, "queues"), pa.Table)
