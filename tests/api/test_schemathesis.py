@@ -26,6 +26,18 @@ REFUSES_VALID_SHAPES = {
     "DELETE /ds/storages/{ds}/replicas/{site}",
     "GET /v1/retained",  # cursors are opaque: a well-shaped one this API never gave is 400
     "GET /admin/retained",
+    # A schema cannot say which namespace tokens exist (the admin token is not one: 401), nor
+    # how many replicator sites there are (a namespace's n above that is 400).
+    "PUT /admin/kv/namespaces/{ns}",
+    "PUT /v1/kv/{ns}/{key}",
+    "GET /v1/kv/{ns}/{key}",
+    "DELETE /v1/kv/{ns}/{key}",
+    "POST /v1/kv/{ns}/{key}/members",
+    "GET /v1/kv/{ns}/{key}/members",
+    "PUT /v1/kv/{ns}/{key}/fields/{field}",
+    "GET /v1/kv/{ns}/{key}/fields/{field}",
+    "DELETE /v1/kv/{ns}/{key}/fields/{field}",
+    "GET /v1/kv/{ns}/{key}/fields",
 }
 
 
@@ -63,6 +75,9 @@ def test_no_input_gets_a_server_error_and_fuzzing_changes_no_queue(
         "GET /admin/retained",
         "GET /admin/retained/size",
         "DELETE /admin/retained/message",
+        "PUT /admin/kv/namespaces/{ns}",
+        "PUT /v1/kv/{ns}/{key}",
+        "POST /v1/kv/{ns}/{key}/members",
     } <= {operation.label for operation in operations}
     for operation in operations:
         # A schema cannot say which opaque stream strings or site ids exist: API.md answers

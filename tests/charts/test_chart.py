@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -149,6 +150,20 @@ def test_skaffold_builds_one_image_per_service_and_deploys_the_chart() -> None:
     (release,) = config["deploy"]["helm"]["releases"]
     assert (ROOT / release["chartPath"] / "Chart.yaml").exists()
     assert (ROOT / "Dockerfile").exists()
+
+
+def test_every_replicator_is_told_every_peer() -> None:
+    documents = render({"replicator": {"replicas": 3}})
+    env = next(
+        c["env"]
+        for name, spec in pods(documents)
+        if name.endswith("replicator")
+        for c in spec["containers"]
+    )
+    peers = next(json.loads(e["value"]) for e in env if e["name"] == "RELAY_KV__PEERS")
+    assert len(peers) == 3
+    assert all(p.startswith("http://") and p.endswith(":8080") for p in peers)
+    assert peers[2].split("//")[1].split(".")[0].endswith("replicator-2")
 
 
 def test_archiver_settings_reach_the_config() -> None:

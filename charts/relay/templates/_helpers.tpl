@@ -56,6 +56,15 @@ containers:
       - {name: RELAY_DATA__DIR, value: /data}
       - {name: RELAY_DATA__REPLICAS, value: {{ .values.replicas | quote }}}
       {{- end }}
+      {{- if eq .service "replicator" }}
+      {{- $name := printf "%s-%s" (include "relay.fullname" .root) .service }}
+      {{- $peers := list }}
+      {{- range $k := until (int .values.replicas) }}
+      {{- $peers = append $peers (printf "http://%s-%d.%s:8080" $name $k $name) }}
+      {{- end }}
+      # Every replicator's address on the headless service: each learns the others' site ids.
+      - {name: RELAY_KV__PEERS, value: {{ toJson $peers | quote }}}
+      {{- end }}
     startupProbe:
       httpGet: {path: /healthz, port: http}
       periodSeconds: 2

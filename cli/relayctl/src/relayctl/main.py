@@ -18,6 +18,7 @@ from relayctl import (
     calls,
     ds_commands,
     journal_commands,
+    kv_commands,
     processes,
     state,
     suite,
@@ -27,6 +28,7 @@ app = typer.Typer(help="Run and inspect a Relay suite.", no_args_is_help=True, a
 console = Console()
 app.add_typer(journal_commands.app, name="journal")
 app.add_typer(ds_commands.app, name="ds")
+app.add_typer(kv_commands.app, name="kv")
 archive_commands.register(app)
 queue_app = typer.Typer(help="Queues of the running suite.", no_args_is_help=True)
 app.add_typer(queue_app, name="queue")

@@ -18,6 +18,7 @@ Invariants:
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import signal
 import sys
@@ -97,6 +98,10 @@ class Suite:
         self.services = [
             self._service(name, k) for name in SERVICES for k in range(options.counts[name])
         ]
+        replicators = [c for c in self.services if c.name.startswith("relay-replicator-")]
+        peers = json.dumps([f"http://{host}:{c.port}" for c in replicators])
+        for child in replicators:  # each learns the others' site ids from these
+            child.env["RELAY_KV__PEERS"] = peers
         first_ingress = next(c for c in self.services if c.name == "relay-ingress-0")
         self.ingress_url = f"http://{host}:{first_ingress.port}"
 

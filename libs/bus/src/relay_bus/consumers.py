@@ -127,6 +127,12 @@ class Consumer:
     def name(self) -> str:
         return f"consumer:{self.topic}"
 
+    def held(self) -> list[int]:
+        """The partitions this consumer reads now (a group's current assignment)."""
+        if self._consumer is None:
+            return []
+        return sorted(tp.partition for tp in self._consumer.assignment())
+
     async def start(self) -> None:
         self._consumer = clients.consumer(self.settings, self.client_id, self.group_id)
         await self._consumer.start()

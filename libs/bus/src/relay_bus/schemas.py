@@ -425,6 +425,59 @@ class DsReply(_Record):
     parts: int = Field(1, ge=1)
 
 
+class KvRequest(_Request):
+    """A replicated key-value request (API.md `/v1/kv`, `/admin/kv`) for whichever replicator
+    consumes its partition of `relay.replication` (partition = the key's shard mod partitions):
+    that replicator coordinates it (quorum writes and reads over HTTP to the key's replicas) and
+    answers with a `KvReply`. The namespace's token travels only as its SHA-256."""
+
+    kind: Literal["kv_request"] = "kv_request"
+    v: Literal[1] = 1
+    op: Literal[
+        "put",
+        "get",
+        "delete",
+        "members",
+        "list_members",
+        "field_put",
+        "field_get",
+        "field_delete",
+        "list_fields",
+        "ns_put",
+    ]
+    ns: str
+    key: str = ""
+    field: str = ""
+    value: str | None = None
+    """b64u (put, field_put)."""
+    ttl_s: int | None = Field(None, ge=1, le=2**32 - 1)
+    add: tuple[str, ...] = ()
+    """b64u members (members)."""
+    remove: tuple[str, ...] = ()
+    cursor: str | None = None
+    limit: int = Field(100, ge=1, le=1000)
+    r: int | None = Field(None, ge=1)
+    w: int | None = Field(None, ge=1)
+    token_sha256: str = ""
+    """SHA-256 (hex) of the bearer token the client presented."""
+    admin: bool = False
+    """Set by the ingress once the admin token was checked (ns_put)."""
+    n: int | None = Field(None, ge=1)
+    gc_grace_s: int | None = Field(None, ge=0)
+
+
+class KvReply(_Record):
+    kind: Literal["kv_reply"] = "kv_reply"
+    v: Literal[1] = 1
+    id: str
+    origin: str
+    instance: str
+    status: int
+    data: dict[str, Any] | None = None
+    code: str | None = None
+    detail: str = ""
+
+
 class Epoch(_Record):
     """The first record of `relay.epoch`: a broker log's identity (see `relay_bus.bus`)."""
 
@@ -450,9 +503,11 @@ Record = (
     | RetainedRequest
     | TopicSubscription
     | Fanout
+    | KvRequest
+    | KvReply
 )
 """Every record kind; `Reply` the ones an ingress instance waits for."""
-Reply = Ping | AdminReply | QueueReply | DsReply
+Reply = Ping | AdminReply | QueueReply | DsReply | KvReply
 _ADAPTER: TypeAdapter[Record] = TypeAdapter(Annotated[Record, Field(discriminator="kind")])
 _KNOWN_VERSIONS: dict[str, frozenset[int]] = {
     "ping": frozenset({1}),
@@ -470,6 +525,8 @@ _KNOWN_VERSIONS: dict[str, frozenset[int]] = {
     "retained_request": frozenset({1}),
     "topic_sub": frozenset({1}),
     "fanout": frozenset({1}),
+    "kv_request": frozenset({1}),
+    "kv_reply": frozenset({1}),
 }
 
 ALLOWED_TOPICS: dict[str, frozenset[str]] = {
@@ -496,6 +553,8 @@ ALLOWED_TOPICS: dict[str, frozenset[str]] = {
     "retained_request": frozenset({topics.PUBLICATIONS}),
     "topic_sub": frozenset({topics.PUBLICATIONS}),
     "fanout": frozenset({topics.INGRESS_INBOX}),
+    "kv_request": frozenset({topics.REPLICATION}),
+    "kv_reply": frozenset({topics.INGRESS_INBOX}),
 }
 
 

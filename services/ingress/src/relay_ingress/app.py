@@ -10,7 +10,7 @@ from fastapi import Depends, FastAPI
 from relay_bus import topics
 from relay_bus.bus import Bus
 from relay_bus.lifecycle import BusLifecycle
-from relay_ingress import admin, checks, ds, ds_admin, errors, queues, retained, websocket
+from relay_ingress import admin, checks, ds, ds_admin, errors, kv, queues, retained, websocket
 from relay_ingress.connections import Connections, Limits
 from relay_ingress.context import Context
 from relay_ingress.inbox import Inbox
@@ -94,6 +94,8 @@ def build(config: IngressSettings) -> tuple[FastAPI, BusLifecycle]:
     app.include_router(ds_admin.router)
     app.include_router(retained.router)
     app.include_router(retained.admin_router)
+    app.include_router(kv.router)
+    app.include_router(kv.admin_router)
     lifecycle = BusLifecycle(
         bus, config.startup_timeout_s, before_start=(lease_inbox,), after_stop=(close_redis,)
     )

@@ -44,7 +44,7 @@ RetainerRequest = schemas.DsRequest | schemas.RetainedRequest | schemas.Publicat
 
 async def _one_reply(
     ctx: Context,
-    request: schemas.Ping | schemas.QueueCommand | RetainerRequest,
+    request: schemas.Ping | schemas.QueueCommand | RetainerRequest | schemas.KvRequest,
     topic: str,
     *,
     wait_s: float,
@@ -65,7 +65,7 @@ async def _one_reply(
         ctx.inbox.forget(request.id)
 
 
-def _accepted(reply: schemas.QueueReply | schemas.DsReply) -> None:
+def _accepted(reply: schemas.QueueReply | schemas.DsReply | schemas.KvReply) -> None:
     """Raise a reply's refusal as the API error it names."""
     if reply.code is not None:
         raise ApiError(reply.status, reply.code, reply.detail)
@@ -217,3 +217,37 @@ async def every_retainer(
     for reply in ordered:
         _accepted(reply)
     return ordered
+
+
+KV_READS = frozenset({"get", "list_members", "field_get", "list_fields"})
+
+
+async def replicator(ctx: Context, shard: int, **fields: Any) -> schemas.KvReply:
+    """Send a key-value request to the partition of `relay.replication` of its key's shard
+    (`shard mod partitions`, keyed by the shard) and wait for the coordinating replicator's
+    answer; a refusal is raised as the API error it names. When no answer comes within the
+    request timeout: 503 for a read, 504 INDETERMINATE for a write (it reached Kafka, so a
+    replicator may have applied it; retrying it is safe)."""
+    wait_s = ctx.config.request_timeout_s
+    try:
+        reply = await _one_reply(
+            ctx,
+            schemas.KvRequest(**_routing(ctx, wait_s), **fields),
+            topics.REPLICATION,
+            wait_s=wait_s,
+            timeout_detail=f"no answer within {wait_s:g} s from the replicators",
+            key=shard.to_bytes(2, "big"),
+            partition=shard % ctx.config.kafka.partitions,
+        )
+    except ApiError as error:
+        if fields.get("op") in KV_READS:
+            raise
+        # The request reached Kafka: a replicator may have written it before the time ran out.
+        raise ApiError(
+            504,
+            "INDETERMINATE",
+            f"{error.detail}; the write may or may not become visible; retrying is safe",
+        ) from None
+    assert isinstance(reply, schemas.KvReply)
+    _accepted(reply)
+    return reply

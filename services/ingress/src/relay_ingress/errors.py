@@ -27,6 +27,7 @@ CODES_BY_STATUS = {
     431: "TOO_LARGE",
     429: "QUOTA",
     503: "UNAVAILABLE",
+    504: "INDETERMINATE",
 }
 
 

@@ -1,17 +1,34 @@
-"""Replicator: replicates key-value data across sites; consumes replication traffic in a
-consumer group.
+"""Replicator: keeps replicated key-value data (`/v1/kv`) across sites (seed 004).
 
-Wiring only: settings, the bus and its consumers, probe routes. Domain logic lives in libs.
+Wiring only: settings, the store, the peers, the coordinator consuming `relay.replication` in
+the consumer group `relay.replicator`, the replica's internal HTTP routes, hinted handoff and
+anti-entropy loops, probe routes. The rules live in `relay_kv`; decision 0011 records the
+transport, storage and clock choices.
 """
 
 from __future__ import annotations
 
-from fastapi import FastAPI
+import time
+from collections.abc import Callable
+from pathlib import Path
 
-from relay_bus import ping, topics
+from fastapi import FastAPI
+from pydantic import BaseModel, Field
+
+from relay_bus import ping, schemas, topics
 from relay_bus.bus import Bus
 from relay_bus.config import KafkaSettings
+from relay_bus.consumers import Received
 from relay_bus.lifecycle import BusLifecycle
+from relay_kv import hints
+from relay_kv.clock import HybridClock
+from relay_replicator import replica, routes
+from relay_replicator.coordinator import Coordinator, CoordinatorSettings, Replicas
+from relay_replicator.handoff import Handoff
+from relay_replicator.peers import Peers
+from relay_replicator.site import load_or_create_site
+from relay_replicator.store import KvStore
+from relay_replicator.sync import Sync
 from relay_runtime import settings
 from relay_runtime.probes import probe_routes
 from relay_runtime.readiness import Readiness
@@ -20,14 +37,119 @@ SERVICE = "replicator"
 GROUP = "relay.replicator"
 
 
+class KvSettings(BaseModel):
+    """The replicated key-value store and its peers."""
+
+    peers: list[str] = []
+    """URLs of every replicator (this one's may be listed too); empty: this site alone."""
+    replica_timeout_s: float = Field(1.0, gt=0, le=30)
+    """How long a coordinator waits for a replica's answer (a quorum round's limit)."""
+    down_s: float = Field(1.0, gt=0, le=300)
+    """How long a peer that failed a call is treated as unreachable before it is tried again."""
+    max_skew_ms: int = Field(5000, ge=0)
+    """How far ahead of this site's clock a version may be; later ones are refused."""
+    max_value_bytes: int = Field(65536, ge=1, le=1 << 20)
+    """Largest value or set member accepted, decoded (TOO_LARGE beyond)."""
+    hint_max_bytes: int = Field(64 << 20, ge=0)
+    """Bytes of hints this site keeps for unreachable peers; more are refused."""
+    hint_max_age_s: float = Field(10800.0, gt=0)
+    """Hints older than this are dropped (anti-entropy repairs what they carried)."""
+    handoff_interval_s: float = Field(1.0, gt=0)
+    """How often held hints are offered back to their targets."""
+    sync_interval_s: float = Field(10.0, ge=0)
+    """Seconds between anti-entropy passes (0: none)."""
+    clock_offset_ms: int = 0
+    """Added to this site's wall clock (tests skew one site's clock with it; 0 in production)."""
+    gc_guard: bool = True
+    """Purge a tombstone only after a completed sync with every replica (tests switch it off
+    to show the deleted value coming back)."""
+
+
 class ReplicatorSettings(settings.ServiceSettings):
     kafka: KafkaSettings = KafkaSettings()
+    data: settings.DataSettings = settings.DataSettings(dir=Path("./var/replicator"))
+    kv: KvSettings = KvSettings()
+
+
+def _wall_clock(offset_ms: int) -> Callable[[], int]:
+    def now_ms() -> int:
+        return int(time.time() * 1000) + offset_ms
+
+    return now_ms
 
 
 def build(config: ReplicatorSettings) -> tuple[FastAPI, BusLifecycle]:
-    readiness = Readiness()
+    readiness = Readiness("store")
     bus = Bus(config.kafka, client_id=f"{SERVICE}-{config.instance}", readiness=readiness)
     forward = ping.forwarder(bus, SERVICE, config.instance, topics.INGRESS_INBOX)
-    bus.consumer(topics.REPLICATION, forward, group_id=GROUP)
-    app = FastAPI(title="Relay replicator", routes=probe_routes(readiness))
-    return app, BusLifecycle(bus, config.startup_timeout_s)
+    root = config.data.dir / "kv"
+    site = load_or_create_site(root)
+    kv = config.kv
+    _now_ms = _wall_clock(kv.clock_offset_ms)
+    token = config.admin_token.get_secret_value() if config.admin_token else None
+    store = KvStore(
+        root / "db",
+        hints.HintLimits(kv.hint_max_bytes, int(kv.hint_max_age_s * 1000)),
+    )
+    clock = HybridClock(site, _now_ms, kv.max_skew_ms)
+    peers = Peers(
+        site,
+        kv.peers,
+        token=token,
+        timeout_s=kv.replica_timeout_s,
+        down_s=kv.down_s,
+        members_file=root / "members.json",
+        readiness=readiness,
+    )
+    local = replica.LocalReplica(site, store, clock, _now_ms)
+    replicas = Replicas(local, peers)
+    coordinator = Coordinator(
+        bus,
+        config.instance,
+        replicas,
+        clock,
+        CoordinatorSettings(kv.replica_timeout_s, kv.max_value_bytes),
+        _now_ms,
+    )
+    handoff = Handoff(replicas, _now_ms, kv.handoff_interval_s)
+    sync = Sync(replicas, _now_ms, kv.sync_interval_s, gc_guard=kv.gc_guard)
+
+    async def handle(received: Received) -> None:
+        if isinstance(received.record, schemas.KvRequest):
+            await coordinator.handle(received)
+        else:
+            await forward(received)
+
+    consumer = bus.consumer(topics.REPLICATION, handle, group_id=GROUP)
+
+    async def open_store() -> None:
+        store.open()
+        readiness.set("store", True)
+        peers.start()
+        handoff.start()
+        sync.start()
+
+    async def close_store() -> None:
+        readiness.set("store", False)
+        await handoff.stop()
+        await sync.stop()
+        await peers.stop()
+        await store.close()
+
+    app = FastAPI(
+        title="Relay replicator",
+        routes=[
+            *probe_routes(readiness),
+            *routes.internal(site, peers, store, sync, consumer.held, coordinator, token),
+        ],
+    )
+    app.state.kv = (store, coordinator, handoff, sync)
+    replica.install(app, local, token, sync)
+    lifecycle = BusLifecycle(
+        bus,
+        config.startup_timeout_s,
+        before_start=(open_store,),
+        drain=(coordinator.drain,),
+        after_stop=(close_store,),
+    )
+    return app, lifecycle

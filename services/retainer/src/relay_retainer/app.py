@@ -12,12 +12,13 @@ from pathlib import Path
 
 from fastapi import FastAPI
 
-from relay_bus import ping, schemas, topics
+from relay_bus import ping, routing, schemas, topics
 from relay_bus.bus import Bus
 from relay_bus.config import KafkaSettings
 from relay_bus.consumers import Received
 from relay_bus.lifecycle import BusLifecycle
 from relay_retainer.ds import DsRequests
+from relay_retainer.replication import RetainedReplication
 from relay_retainer.retained import RetainedHost, RetainedRequests, RetainedServiceSettings
 from relay_retainer.streams import StreamHost, StreamSettings
 from relay_runtime import ownership, settings
@@ -44,7 +45,21 @@ def build(config: RetainerSettings) -> tuple[FastAPI, BusLifecycle]:
     owned = ownership.owned_partitions(config.kafka.partitions, ordinal, replicas)
     host = StreamHost(config.data.dir / "streams", config.instance, config.streams, readiness)
     ds = DsRequests(bus, host, config.instance, owned, config.kafka.partitions)
-    retained_host = RetainedHost(config.data.dir / "retained", config.retained, readiness)
+    replication = None
+    if config.retained.replication == "quorum":
+        replication = RetainedReplication(
+            config.retained.replicators,
+            config.admin_token.get_secret_value() if config.admin_token else None,
+            config.instance,
+            config.retained.replication_timeout_s,
+        )
+    retained_host = RetainedHost(
+        config.data.dir / "retained",
+        config.retained,
+        readiness,
+        replication,
+        owns=lambda topic: routing.partition_of_topic(topic, config.kafka.partitions) in owned,
+    )
     retained = RetainedRequests(bus, retained_host, config.instance, owned, config.kafka.partitions)
 
     async def handle(received: Received) -> None:
@@ -64,12 +79,13 @@ def build(config: RetainerSettings) -> tuple[FastAPI, BusLifecycle]:
         await host.open()
         await retained_host.open()
 
+    close_replication = () if replication is None else (replication.close,)
     app = FastAPI(title="Relay retainer", routes=probe_routes(readiness))
     lifecycle = BusLifecycle(
         bus,
         config.startup_timeout_s,
         before_start=(open_data_dir,),
         drain=(ds.drain, retained.drain, host.stop_writing, retained_host.stop_writing),
-        after_stop=(host.close, retained_host.close),
+        after_stop=(host.close, retained_host.close, *close_replication),
     )
     return app, lifecycle

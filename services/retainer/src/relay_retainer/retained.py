@@ -29,7 +29,7 @@ import asyncio
 import functools
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import structlog
 from pydantic import BaseModel, Field
@@ -40,6 +40,7 @@ from relay_bus.once import OncePerId
 from relay_durable import codec
 from relay_durable.outcome import Outcome
 from relay_retainer import answers
+from relay_retainer.replication import ReplicationFailed, RetainedReplication
 from relay_retainer.rounds import Rounds
 from relay_runtime import exits
 from relay_runtime.readiness import Readiness
@@ -70,6 +71,13 @@ class RetainedServiceSettings(BaseModel):
     """How often expired messages are deleted (0: never; they are never returned either way)."""
     max_reply_bytes: int = Field(393_216, ge=1024, le=700_000)
     """A `match` answer stops after the message that reaches this size (topics and payloads)."""
+    replication: Literal["off", "quorum"] = "off"
+    """`quorum`: each retained publish and delete is also written to a quorum of replicators
+    before it is answered, and an empty store is rebuilt from them at start."""
+    replicators: list[str] = []
+    """URLs of the replicators (JSON list); the first that answers coordinates the write."""
+    replication_timeout_s: float = Field(5.0, gt=0, le=60)
+    """How long one replicated write may take before the publish is answered 503."""
 
 
 def message_json(message: Retained) -> dict[str, Any]:
@@ -82,10 +90,20 @@ def message_json(message: Retained) -> dict[str, Any]:
 
 
 class RetainedHost:
-    def __init__(self, root: Path, settings: RetainedServiceSettings, readiness: Readiness) -> None:
+    def __init__(
+        self,
+        root: Path,
+        settings: RetainedServiceSettings,
+        readiness: Readiness,
+        replication: RetainedReplication | None = None,
+        owns: Callable[[str], bool] = lambda _: True,
+    ) -> None:
         self.root = root
         self.settings = settings
         self.readiness = readiness
+        self.replication = replication
+        self.owns = owns
+        """Whether a topic belongs to a partition this retainer owns (for the rebuild)."""
         self._store: RetainedStore | None = None
         split_on = (BadInput, RetainedFull, topic_rules.TopicError)
         self._rounds: Rounds[Write] = Rounds(self._apply, split_on, "retained-writer")
@@ -114,10 +132,23 @@ class RetainedHost:
                 f"retained store {self.root} is not usable: {error}", exits.EXIT_OSERR
             ) from None
         self._rounds.start()
+        if self.replication is not None and self._store.size() == 0:
+            await self._rebuild(self.replication)
         if self.settings.clear_interval_s:
             self._sweeper = asyncio.create_task(self._sweep(), name="retained-expiry")
         self.readiness.set("retained", True)
         log.info("retained_open", root=str(self.root), size=self._store.size())
+
+    async def _rebuild(self, replication: RetainedReplication) -> None:
+        """An empty store (a new or lost volume): take this retainer's topics from the
+        replicators."""
+        found = await replication.scan_all(self.owns)
+        if found:
+            writes = [
+                Write(topic, payload, 0, expiry_s, ts) for topic, payload, ts, expiry_s in found
+            ]
+            await asyncio.to_thread(self.store.store_many, writes)
+        log.info("retained_rebuilt_from_replicators", messages=len(found))
 
     async def stop_writing(self) -> None:
         """Finish the writes already handed over, then take no more (a drain hook)."""
@@ -250,11 +281,19 @@ class RetainedRequests:
         except BadInput as error:
             return answers.guarded(_raise(error), "retained write")
         done = self.host.submit(write, record.expired)
-        return answers.guarded(self._durable(done, status), "retained write")
+        return answers.guarded(self._durable(done, status, write), "retained write")
 
-    @staticmethod
-    async def _durable(done: asyncio.Future[None], status: int) -> Outcome:
+    async def _durable(self, done: asyncio.Future[None], status: int, write: Write) -> Outcome:
         await done
+        replication = self.host.replication
+        if replication is not None:
+            ts = write.ts if write.ts is not None else int(schemas.now_ms_())
+            try:
+                await replication.replicate(write.topic, write.payload, ts, write.expiry_interval_s)
+            except ReplicationFailed as error:
+                return Outcome.refused(
+                    503, "UNAVAILABLE", f"retained here but not on a quorum of replicators: {error}"
+                )
         return Outcome(status)
 
     async def _read(self, record: schemas.RetainedRequest) -> Outcome:

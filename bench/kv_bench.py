@@ -1,0 +1,295 @@
+"""Replicated key-value benchmark (issue 21): Relay's `/v1/kv` (N=3, W=2, R=2 over three
+replicators) against Redis with two replicas, in one run.
+
+    .venv/bin/python bench/kv_bench.py
+        options (defaults): --keys 2000 --clients 4,16 --seconds 10 --value-bytes 256
+        --only relay|redis (repeatable)
+
+One workload, one asyncio client structure, each system alone on the machine (the next starts
+after the previous stopped):
+- `--keys` K keys are written once (256-byte values), then for each client count C and each
+  mix (write-only, read-only, 50/50) C tasks issue requests one after another for `--seconds`,
+  each on a uniformly random key, each awaiting its answer;
+- Relay: `relayctl up --replicators 3` (one ingress, Apache Kafka, three replicator processes
+  on loopback) in a temp data dir; a namespace with n=3, r=2, w=2; `PUT` / `GET /v1/kv/...`
+  over httpx, one connection per task. A write is answered once fsynced on 2 of 3 replicas;
+  a read merges 2 answers (and repairs);
+- Redis (`redis-server` 7.0, Debian; Valkey is not installed here): a primary and two
+  replicas on loopback, `appendonly yes`, `appendfsync always`; a write is `SET` then
+  `WAIT 1 1000` (fsynced on the primary and received by one replica: Redis 7.0 has no
+  WAITAOF, so the replica's fsync is not waited for — weaker than Relay's W=2); a read is a
+  `GET` on the primary.
+- etcd (the issue's other peer) is not installed on this machine: not measured.
+
+Figures per system, mix and client count: operations per second, p50 / p99 / max latency in
+ms (the average is not reported), errors (any answer but 200 / OK). The last line is the JSON
+summary with the machine and commit (`bench/report.py`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import os
+import random
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Protocol
+
+import httpx
+import redis.asyncio as aioredis
+import report
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV_BIN = Path(sys.executable).parent
+MIXES = {"write": 1.0, "read": 0.0, "mixed": 0.5}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def b64u(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+class System(Protocol):
+    name: str
+
+    async def write(self, worker: int, key: str, value: bytes) -> bool: ...
+    async def read(self, worker: int, key: str) -> bool: ...
+    async def open(self, workers: int) -> None: ...
+    async def close(self) -> None: ...
+    def stop(self) -> None: ...
+
+
+class Relay:
+    name = "relay"
+
+    def __init__(self, work: Path) -> None:
+        self.data_dir = work / "relay"
+        self.log = work / "relayctl.out"
+        with self.log.open("wb") as out:
+            self.process = subprocess.Popen(
+                [
+                    str(VENV_BIN / "relayctl"),
+                    "up",
+                    "--data-dir",
+                    str(self.data_dir),
+                    "--port",
+                    str(free_port()),
+                    "--replicators",
+                    "3",
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + 120
+        while True:
+            found = re.search(r"Relay ready at (\S+)", self.log.read_text(errors="replace"))
+            if found:
+                self.url = found.group(1)
+                break
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"relayctl up failed: {self.log.read_text()[-2000:]}")
+            time.sleep(0.2)
+        admin = (self.data_dir / "admin-token").read_text().strip()
+        made = httpx.put(
+            f"{self.url}/admin/kv/namespaces/bench",
+            json={"n": 3, "r": 2, "w": 2},
+            headers={"Authorization": f"Bearer {admin}"},
+            timeout=30,
+        )
+        made.raise_for_status()
+        self.token = made.json()["token"]
+        self.clients: list[httpx.AsyncClient] = []
+
+    async def open(self, workers: int) -> None:
+        headers = {"Authorization": f"Bearer {self.token}"}
+        self.clients = [
+            httpx.AsyncClient(base_url=self.url, headers=headers, timeout=30)
+            for _ in range(workers)
+        ]
+
+    async def write(self, worker: int, key: str, value: bytes) -> bool:
+        response = await self.clients[worker].put(
+            f"/v1/kv/bench/{key}", json={"value": b64u(value)}
+        )
+        return response.status_code == 200
+
+    async def read(self, worker: int, key: str) -> bool:
+        return (await self.clients[worker].get(f"/v1/kv/bench/{key}")).status_code == 200
+
+    async def close(self) -> None:
+        for client in self.clients:
+            await client.aclose()
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+class Redis:
+    name = "redis"
+
+    def __init__(self, work: Path) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError("no redis-server (bench/setup-peers.sh installs it)")
+        self.ports = [free_port() for _ in range(3)]
+        self.processes = []
+        for i, port in enumerate(self.ports):
+            folder = work / f"redis-{i}"
+            folder.mkdir()
+            args = [
+                binary,
+                "--port",
+                str(port),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                str(folder),
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+                "--save",
+                "",
+            ]
+            if i:
+                args += ["--replicaof", "127.0.0.1", str(self.ports[0])]
+            self.processes.append(subprocess.Popen(args, stdout=subprocess.DEVNULL))
+        time.sleep(1.0)
+        self.clients: list[Any] = []
+
+    async def open(self, workers: int) -> None:
+        self.clients = [
+            aioredis.Redis(host="127.0.0.1", port=self.ports[0]) for _ in range(workers)
+        ]
+        for _ in range(100):  # the replicas connect within a second or two
+            if (await self.clients[0].info("replication"))["connected_slaves"] >= 2:
+                break
+            await asyncio.sleep(0.2)
+
+    async def write(self, worker: int, key: str, value: bytes) -> bool:
+        client = self.clients[worker]
+        await client.set(key, value)
+        return bool(await client.execute_command("WAIT", 1, 1000) >= 1)
+
+    async def read(self, worker: int, key: str) -> bool:
+        return await self.clients[worker].get(key) is not None
+
+    async def close(self) -> None:
+        for client in self.clients:
+            await client.aclose()
+
+    def stop(self) -> None:
+        for process in self.processes:
+            process.terminate()
+            process.wait(20)
+
+
+async def run(
+    system: System, keys: list[str], clients: int, mix: float, seconds: float, value: bytes
+) -> dict[str, Any]:
+    await system.open(clients)
+    latencies: list[float] = []
+    errors = 0
+    stop = time.monotonic() + seconds
+
+    async def worker(w: int) -> None:
+        nonlocal errors
+        rng = random.Random(w)  # noqa: S311 - a workload, not a secret
+        while time.monotonic() < stop:
+            key = rng.choice(keys)
+            started = time.perf_counter()
+            try:
+                ok = await (
+                    system.write(w, key, value) if rng.random() < mix else system.read(w, key)
+                )
+            except (httpx.HTTPError, aioredis.RedisError):
+                ok = False
+            latencies.append(time.perf_counter() - started)
+            errors += not ok
+
+    began = time.monotonic()
+    await asyncio.gather(*(worker(w) for w in range(clients)))
+    elapsed = time.monotonic() - began
+    await system.close()
+    latencies.sort()
+
+    def pct(p: float) -> float:
+        return round(latencies[min(len(latencies) - 1, int(p * len(latencies)))] * 1000, 1)
+
+    return {
+        "ops_per_s": round(len(latencies) / elapsed),
+        "p50_ms": pct(0.5),
+        "p99_ms": pct(0.99),
+        "max_ms": round(latencies[-1] * 1000, 1),
+        "errors": errors,
+    }
+
+
+async def preload(system: System, keys: list[str], value: bytes) -> None:
+    await system.open(16)
+    for start in range(0, len(keys), 16):
+        await asyncio.gather(
+            *(system.write(i, key, value) for i, key in enumerate(keys[start : start + 16]))
+        )
+    await system.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--keys", type=int, default=2000)
+    parser.add_argument("--clients", default="4,16")
+    parser.add_argument("--seconds", type=float, default=10)
+    parser.add_argument("--value-bytes", type=int, default=256)
+    parser.add_argument("--only", action="append", choices=["relay", "redis"])
+    options = parser.parse_args()
+    counts = [int(c) for c in options.clients.split(",")]
+    keys = [f"key-{i}" for i in range(options.keys)]
+    value = os.urandom(options.value_bytes)
+    summary: dict[str, Any] = {
+        "keys": options.keys,
+        "value_bytes": options.value_bytes,
+        "seconds": options.seconds,
+    }
+    (ROOT / "var").mkdir(exist_ok=True)
+    for make in (Relay, Redis):
+        if options.only and make.name not in options.only:
+            continue
+        with tempfile.TemporaryDirectory(dir=ROOT / "var", prefix="kv-bench-") as work:
+            system: Any = make(Path(work))
+            try:
+                asyncio.run(preload(system, keys, value))
+                for clients in counts:
+                    for mix_name, mix in MIXES.items():
+                        found = asyncio.run(run(system, keys, clients, mix, options.seconds, value))
+                        for figure, number in found.items():
+                            summary[f"{make.name}_{mix_name}_c{clients}_{figure}"] = number
+            finally:
+                system.stop()
+    report.emit(summary)
+
+
+if __name__ == "__main__":
+    main()

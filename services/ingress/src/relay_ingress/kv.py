@@ -1,0 +1,223 @@
+"""`/v1/kv` and `/admin/kv` (API.md, Replicated key-value data): thin routes that hand each
+request to the replicators over `relay.replication` and render their answer.
+
+Invariant: nothing here decides anything about the data. The ingress checks only what it can
+without the store (names, base64url, sizes, the presence of a bearer token) and sends the
+token's SHA-256, never the token; the coordinating replicator authorises, places, runs the
+quorum and answers with the API's codes (INDETERMINATE 504 included).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Path, Query
+from pydantic import BaseModel, ConfigDict, Field
+
+from relay_ingress import asking
+from relay_ingress.admin import Admin
+from relay_ingress.checks import B64U_PATTERN
+from relay_ingress.context import Ctx
+from relay_ingress.errors import ApiError, documented
+from relay_kv import names, placement
+
+router = APIRouter(prefix="/v1/kv", tags=["kv"], responses=documented(400, 401, 404, 503, 504))
+admin_router = APIRouter(prefix="/admin/kv", tags=["admin"], responses=documented(400, 403, 503))
+
+MAX_B64 = 1_400_000
+"""Longest base64url value or member sent on (1 MiB decoded; the replicator's own limit,
+`RELAY_KV__MAX_VALUE_BYTES`, decides)."""
+
+Namespace = Annotated[str, Path(pattern=names.NAMESPACE_PATTERN)]
+Key = Annotated[str, Path(min_length=1, max_length=names.MAX_KEY_BYTES)]
+Quorum = Annotated[int | None, Query(ge=1, le=names.MAX_N)]
+B64 = Annotated[str, Field(pattern=B64U_PATTERN, max_length=MAX_B64)]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class NamespaceBody(_Body):
+    n: int = Field(3, ge=1, le=names.MAX_N)
+    r: int | None = Field(None, ge=1, le=names.MAX_N)
+    w: int | None = Field(None, ge=1, le=names.MAX_N)
+    gc_grace_s: int = Field(864_000, ge=0, le=10 * 365 * 86_400)
+
+
+class ValueBody(_Body):
+    value: B64
+    ttl_s: int | None = Field(None, ge=1, le=2**32 - 1)
+
+
+class MembersBody(_Body):
+    add: list[B64] = Field(default_factory=list, max_length=1000)
+    remove: list[B64] = Field(default_factory=list, max_length=1000)
+    ttl_s: int | None = Field(None, ge=1, le=2**32 - 1)
+
+
+def _token(authorization: str | None) -> str:
+    if not authorization or not authorization.startswith("Bearer "):
+        raise ApiError(401, "AUTH", "namespace token missing (Authorization: Bearer <token>)")
+    return names.token_hash(authorization.removeprefix("Bearer "))
+
+
+async def _ask(
+    ctx: Ctx, op: str, ns: str, key: str, authorization: str | None, **fields: Any
+) -> dict[str, Any]:
+    try:
+        names.check_key(key)
+    except names.BadName as error:
+        raise ApiError(400, "BAD_REQUEST", str(error)) from None
+    reply = await asking.replicator(
+        ctx,
+        placement.shard_of(ns, key),
+        op=op,
+        ns=ns,
+        key=key,
+        token_sha256=_token(authorization),
+        **fields,
+    )
+    return reply.data or {}
+
+
+Auth = Annotated[str | None, Header()]
+
+
+@admin_router.put("/namespaces/{ns}")
+async def put_namespace(ctx: Ctx, ns: Namespace, body: NamespaceBody, _: Admin) -> dict[str, Any]:
+    """Create a namespace (or change its R, W, gc_grace and get a new token; N is fixed)."""
+    reply = await asking.replicator(
+        ctx,
+        placement.shard_of(names.NAMESPACES, ns),
+        op="ns_put",
+        ns=ns,
+        admin=True,
+        **body.model_dump(),
+    )
+    return reply.data or {}
+
+
+@router.put("/{ns}/{key}")
+async def put_value(
+    ctx: Ctx,
+    ns: Namespace,
+    key: Key,
+    body: ValueBody,
+    authorization: Auth = None,
+    w: Quorum = None,
+) -> dict[str, Any]:
+    return await _ask(ctx, "put", ns, key, authorization, value=body.value, ttl_s=body.ttl_s, w=w)
+
+
+@router.get("/{ns}/{key}")
+async def get_value(
+    ctx: Ctx, ns: Namespace, key: Key, authorization: Auth = None, r: Quorum = None
+) -> dict[str, Any]:
+    return await _ask(ctx, "get", ns, key, authorization, r=r)
+
+
+@router.delete("/{ns}/{key}")
+async def delete_value(
+    ctx: Ctx,
+    ns: Namespace,
+    key: Key,
+    authorization: Auth = None,
+    r: Quorum = None,
+    w: Quorum = None,
+) -> dict[str, Any]:
+    return await _ask(ctx, "delete", ns, key, authorization, r=r, w=w)
+
+
+@router.post("/{ns}/{key}/members")
+async def change_members(
+    ctx: Ctx,
+    ns: Namespace,
+    key: Key,
+    body: MembersBody,
+    authorization: Auth = None,
+    r: Quorum = None,
+    w: Quorum = None,
+) -> dict[str, Any]:
+    return await _ask(
+        ctx,
+        "members",
+        ns,
+        key,
+        authorization,
+        add=tuple(body.add),
+        remove=tuple(body.remove),
+        ttl_s=body.ttl_s,
+        r=r,
+        w=w,
+    )
+
+
+@router.get("/{ns}/{key}/members")
+async def list_members(
+    ctx: Ctx,
+    ns: Namespace,
+    key: Key,
+    authorization: Auth = None,
+    r: Quorum = None,
+    cursor: Annotated[str | None, Query(pattern=B64U_PATTERN, max_length=2048)] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> dict[str, Any]:
+    return await _ask(ctx, "list_members", ns, key, authorization, cursor=cursor, limit=limit, r=r)
+
+
+@router.put("/{ns}/{key}/fields/{field}")
+async def put_field(
+    ctx: Ctx,
+    ns: Namespace,
+    key: Key,
+    field: Key,
+    body: ValueBody,
+    authorization: Auth = None,
+    r: Quorum = None,
+    w: Quorum = None,
+) -> dict[str, Any]:
+    return await _ask(
+        ctx,
+        "field_put",
+        ns,
+        key,
+        authorization,
+        field=field,
+        value=body.value,
+        ttl_s=body.ttl_s,
+        r=r,
+        w=w,
+    )
+
+
+@router.get("/{ns}/{key}/fields/{field}")
+async def get_field(
+    ctx: Ctx, ns: Namespace, key: Key, field: Key, authorization: Auth = None, r: Quorum = None
+) -> dict[str, Any]:
+    return await _ask(ctx, "field_get", ns, key, authorization, field=field, r=r)
+
+
+@router.delete("/{ns}/{key}/fields/{field}")
+async def delete_field(
+    ctx: Ctx,
+    ns: Namespace,
+    key: Key,
+    field: Key,
+    authorization: Auth = None,
+    w: Quorum = None,
+) -> dict[str, Any]:
+    return await _ask(ctx, "field_delete", ns, key, authorization, field=field, w=w)
+
+
+@router.get("/{ns}/{key}/fields")
+async def list_fields(
+    ctx: Ctx,
+    ns: Namespace,
+    key: Key,
+    authorization: Auth = None,
+    r: Quorum = None,
+    cursor: Annotated[str | None, Query(pattern=B64U_PATTERN, max_length=2048)] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> dict[str, Any]:
+    return await _ask(ctx, "list_fields", ns, key, authorization, cursor=cursor, limit=limit, r=r)

@@ -1,0 +1,622 @@
+"""The coordinator: runs each `kv_request` read from `relay.replication` against the key's
+replicas and answers the asking ingress with a `kv_reply`.
+
+Any replicator coordinates the requests of the partitions it consumes (consumer group
+`relay.replicator`); replicas are reached directly (this process) or over HTTP
+(`relay_replicator.peers`). The rules are `relay_kv`'s; this module only sequences them.
+
+- Writes: the value is stamped with this site's hybrid logical clock and sent to every reachable
+  home replica; OK after W fsynced acknowledgements, INDETERMINATE when W can no longer be
+  reached or the time is up, UNAVAILABLE (nothing sent) when fewer than W are reachable. An
+  unreachable or failing home replica gets a hint on the first reachable fallback. A replica that
+  holds a newer last-writer-wins version says so; the coordinator moves its clock past it and
+  writes again, so a write that starts after another was acknowledged wins (even from a site
+  whose clock is behind).
+- Reads: from every reachable home replica, answered after R, merged; stale replicas among the
+  R are repaired before the answer (blocking read repair), late answers in the background.
+- Sets (and whole-key deletes of sets and maps) are read-modify-write: the add's dot and the
+  remove's observed dots come from a quorum read. Such operations on one key are serialised in
+  this process (a lock per key): two concurrent adds stamped by one site must not both build on
+  the same read, or the later one's clock would cover the earlier one's dot.
+
+Invariants: each request id runs once (`OncePerId`) and every copy is answered; a request past
+its deadline is dropped unanswered (its asker has already answered 503); every failure ends in
+an API error code, never silence: BAD_REQUEST, AUTH, NOT_FOUND, UNAVAILABLE, INDETERMINATE.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+from prometheus_client import Counter, Gauge, Histogram
+
+from relay_bus import schemas, topics
+from relay_bus.bus import Bus, BusUnavailableError
+from relay_bus.consumers import Received
+from relay_bus.once import OncePerId
+from relay_durable import codec as b64
+from relay_durable.outcome import Outcome
+from relay_kv import codec as kv_codec
+from relay_kv import crdt, names, ops, placement, quorum
+from relay_kv.clock import HybridClock, Version
+from relay_replicator.peers import PeerError, Peers
+from relay_replicator.replica import LocalReplica, Refused
+
+log = structlog.get_logger(__name__)
+
+_LATENCY = Histogram(
+    "relay_kv_quorum_seconds",
+    "Coordinated operations, from the request read to the outcome",
+    ["op", "outcome"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+)
+_REPAIRS = Counter("relay_kv_read_repairs_total", "Stale replicas written by read repair", ["when"])
+_HINTS_SENT = Counter("relay_kv_hints_sent_total", "Hints stored on a fallback for a home replica")
+_RESENDS = Counter("relay_kv_newer_resends_total", "Writes stamped again past a newer version")
+_HINTS_HELD = Gauge("relay_kv_hints_held_bytes", "Bytes of hints this site holds for others")
+
+NS_N = names.MAX_N
+"""Replication factor of the reserved namespace of namespace definitions: every site (up to
+seven) keeps every definition, so each can read a namespace's `gc_grace` locally."""
+NS_CACHE_S = 2.0
+MAX_RESENDS = 3
+
+
+class Refusal(Exception):
+    def __init__(self, status: int, code: str, detail: str) -> None:
+        super().__init__(detail)
+        self.outcome = Outcome.refused(status, code, detail)
+
+
+def _bad(detail: str) -> Refusal:
+    return Refusal(400, "BAD_REQUEST", detail)
+
+
+@dataclass(frozen=True)
+class CoordinatorSettings:
+    timeout_s: float
+    """Longest a quorum round waits for replicas."""
+    max_value_bytes: int
+
+
+class Replicas:
+    """Reaching a replica: this process directly, another over HTTP."""
+
+    def __init__(self, local: LocalReplica, peers: Peers) -> None:
+        self.local = local
+        self.peers = peers
+
+    async def write(
+        self, site: str, items: list[tuple[int, str, str, crdt.Value]], hint_for: str | None = None
+    ) -> list[dict[str, Any]]:
+        if site == self.local.site:
+            return await self.local.write(items, hint_for)
+        body = {
+            "items": [
+                {"n": n, "ns": ns, "key": key, "value": kv_codec.to_json(value)}
+                for n, ns, key, value in items
+            ],
+            "hint_for": hint_for,
+        }
+        answer = await self.peers.call(site, "/internal/kv/write", body)
+        results: list[dict[str, Any]] = answer["results"]
+        return results
+
+    async def read(self, site: str, items: list[tuple[int, str, str]]) -> list[crdt.Value | None]:
+        if site == self.local.site:
+            return self.local.read(items)
+        body = {"items": [{"n": n, "ns": ns, "key": key} for n, ns, key in items]}
+        answer = await self.peers.call(site, "/internal/kv/read", body)
+        return [None if v is None else kv_codec.from_json(v) for v in answer["values"]]
+
+
+class Coordinator:
+    def __init__(
+        self,
+        bus: Bus,
+        instance: str,
+        replicas: Replicas,
+        clock: HybridClock,
+        settings: CoordinatorSettings,
+        now_ms: Callable[[], int],
+    ) -> None:
+        self.bus = bus
+        self.instance = instance
+        self.replicas = replicas
+        self.peers = replicas.peers
+        self.clock = clock
+        self.settings = settings
+        self.now_ms = now_ms
+        self.once: OncePerId[Outcome] = OncePerId(10_000, "kv_request")
+        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+        self._namespaces: dict[str, tuple[names.Namespace, float]] = {}
+        self._lookups: dict[str, asyncio.Future[names.Namespace]] = {}
+        self._background: set[asyncio.Task[Any]] = set()
+
+    # -- the consumer's side ---------------------------------------------------------------
+
+    async def handle(self, received: Received) -> None:
+        request = received.record
+        if not isinstance(request, schemas.KvRequest):
+            return
+        if request.expired():
+            log.debug("kv_request_expired", id=request.id)
+            return
+        self.once.handle(request.id, lambda: self.run(request), lambda o: self._reply(request, o))
+
+    async def _reply(self, request: schemas.KvRequest, outcome: Outcome) -> None:
+        reply = schemas.KvReply(
+            id=request.id,
+            origin=request.origin,
+            instance=self.instance,
+            status=outcome.status,
+            data=outcome.data,
+            code=outcome.code,
+            detail=outcome.detail,
+        )
+        try:
+            await self.bus.send(topics.INGRESS_INBOX, reply, partition=request.reply_slot)
+        except BusUnavailableError:
+            log.warning("kv_reply_dropped", id=request.id)
+
+    async def run(self, request: schemas.KvRequest) -> Outcome:
+        started = time.perf_counter()
+        try:
+            outcome = await self._run(request)
+        except Refusal as refusal:
+            outcome = refusal.outcome
+        except quorum.Unavailable as error:
+            outcome = Outcome.refused(503, "UNAVAILABLE", f"{error}; nothing was sent")
+        except names.BadName as error:
+            outcome = Outcome.refused(400, "BAD_REQUEST", str(error))
+        except Exception as error:
+            log.exception("kv_request_failed", op=request.op)
+            outcome = Outcome.refused(503, "UNAVAILABLE", f"replicator error: {error}")
+        _LATENCY.labels(request.op, outcome.code or "ok").observe(time.perf_counter() - started)
+        _HINTS_HELD.set(self.replicas.local.store.hint_bytes)
+        return outcome
+
+    async def drain(self) -> None:
+        await self.once.drain(5.0)
+        if self._background:
+            await asyncio.wait(self._background, timeout=5.0)
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.create_task(coroutine)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # -- operations ------------------------------------------------------------------------
+
+    async def _run(self, request: schemas.KvRequest) -> Outcome:
+        if not self.peers.resolved:
+            raise Refusal(503, "UNAVAILABLE", "the replicator does not know every peer yet")
+        if request.op == "ns_put":
+            return await self._ns_put(request)
+        namespace = await self._authorized(request)
+        r, w = namespace.quorum(request.r, request.w)
+        names.check_key(request.key)
+        target = _Target(namespace.n, request.ns, request.key)
+        handlers = {
+            "put": self._put,
+            "get": self._get,
+            "delete": self._delete,
+            "members": self._members,
+            "list_members": self._list_members,
+            "field_put": self._field_put,
+            "field_get": self._field_get,
+            "field_delete": self._field_delete,
+            "list_fields": self._list_fields,
+        }
+        return await handlers[request.op](request, target, r, w)
+
+    async def _authorized(self, request: schemas.KvRequest) -> names.Namespace:
+        system = names.system_namespace(request.ns, len(self.peers.view.sites))
+        if system is not None:
+            if not request.admin:
+                raise Refusal(403, "FORBIDDEN", f"{request.ns} is for Relay's own services")
+            return system
+        names.check_namespace(request.ns)
+        cached = self._namespaces.get(request.ns)
+        if cached is not None and cached[1] > time.monotonic():
+            namespace = cached[0]
+        else:
+            # One read per namespace at a time: every request waiting for it shares the answer.
+            lookup = self._lookups.get(request.ns)
+            if lookup is None:
+                lookup = asyncio.ensure_future(self._lookup(request.ns))
+                self._lookups[request.ns] = lookup
+                lookup.add_done_callback(lambda _: self._lookups.pop(request.ns, None))
+            namespace = await asyncio.shield(lookup)
+        if not namespace.accepts(request.token_sha256):
+            raise Refusal(401, "AUTH", "missing or wrong namespace token")
+        return namespace
+
+    async def _lookup(self, ns: str) -> names.Namespace:
+        found = await self._read(self._ns_target(ns), self._ns_quorum())
+        if not isinstance(found, crdt.Register) or found.value is None:
+            raise Refusal(404, "NOT_FOUND", f"no namespace {ns!r}")
+        namespace = names.Namespace.decode(found.value)
+        self._namespaces[ns] = (namespace, time.monotonic() + NS_CACHE_S)
+        return namespace
+
+    def _ns_target(self, namespace: str) -> _Target:
+        return _Target(NS_N, names.NAMESPACES, namespace)
+
+    def _ns_quorum(self) -> int:
+        return min(NS_N, len(self.peers.view.sites)) // 2 + 1
+
+    async def _ns_put(self, request: schemas.KvRequest) -> Outcome:
+        if not request.admin:
+            raise Refusal(403, "FORBIDDEN", "admin token missing or wrong")
+        names.check_namespace(request.ns)
+        target = self._ns_target(request.ns)
+        existing = await self._read(target, self._ns_quorum())
+        n = request.n or 3
+        if n > len(self.peers.view.sites):
+            raise _bad(f"n={n} but only {len(self.peers.view.sites)} replicator sites exist")
+        if isinstance(existing, crdt.Register) and existing.value is not None:
+            old = names.Namespace.decode(existing.value)
+            if old.n != n:
+                raise _bad(f"namespace {request.ns!r} has n={old.n}; n cannot change")
+        token = secrets.token_urlsafe(32)
+        namespace = names.Namespace(
+            n=n,
+            r=request.r or (n // 2 + 1),
+            w=request.w or (n // 2 + 1),
+            gc_grace_s=864_000 if request.gc_grace_s is None else request.gc_grace_s,
+            token_sha256=names.token_hash(token),
+        )
+        await self._write_register(target, namespace.encode(), None, self._ns_quorum())
+        self._namespaces[request.ns] = (namespace, time.monotonic() + NS_CACHE_S)
+        return Outcome(
+            200,
+            {
+                "token": token,
+                "n": namespace.n,
+                "r": namespace.r,
+                "w": namespace.w,
+                "gc_grace_s": namespace.gc_grace_s,
+            },
+        )
+
+    def _value(self, request: schemas.KvRequest) -> bytes:
+        if request.value is None:
+            raise _bad("value is required")
+        try:
+            value = b64.unb64u(request.value)
+        except ValueError:
+            raise _bad("value is not base64url") from None
+        if len(value) > self.settings.max_value_bytes:
+            raise Refusal(413, "TOO_LARGE", f"value over {self.settings.max_value_bytes} bytes")
+        return value
+
+    def _expiry(self, request: schemas.KvRequest) -> int | None:
+        return None if request.ttl_s is None else self.now_ms() + request.ttl_s * 1000
+
+    async def _put(self, request: schemas.KvRequest, target: _Target, r: int, w: int) -> Outcome:
+        version = await self._write_register(target, self._value(request), self._expiry(request), w)
+        return Outcome(200, {"version": str(version)})
+
+    async def _get(self, request: schemas.KvRequest, target: _Target, r: int, w: int) -> Outcome:
+        value = await self._read(target, r)
+        if value is not None and not isinstance(value, crdt.Register):
+            _check_type(value, crdt.Register, self.now_ms())
+        if not isinstance(value, crdt.Register) or value.visible(self.now_ms()) is None:
+            raise Refusal(404, "NOT_FOUND", "no such key")
+        return Outcome(200, _register_body(value))
+
+    async def _delete(self, request: schemas.KvRequest, target: _Target, r: int, w: int) -> Outcome:
+        async with self._lock(target):
+            current = await self._read(target, r)
+            version = self._stamp(current)
+            await self._write_checked(target, ops.delete(current, version, self.now_ms()), w)
+        return Outcome(200, {"version": str(version)})
+
+    async def _members(
+        self, request: schemas.KvRequest, target: _Target, r: int, w: int
+    ) -> Outcome:
+        try:
+            add = [b64.unb64u(m) for m in request.add]
+            remove = [b64.unb64u(m) for m in request.remove]
+        except ValueError:
+            raise _bad("members are base64url") from None
+        if not add and not remove:
+            raise _bad("nothing to add or remove")
+        if any(len(m) > self.settings.max_value_bytes for m in add):
+            raise Refusal(413, "TOO_LARGE", f"member over {self.settings.max_value_bytes} bytes")
+        async with self._lock(target):
+            current = await self._read(target, r)
+            _check_type(current, crdt.AWSet, self.now_ms())
+            version = self._stamp(current)
+            state = ops.change_members(current, add, remove, version, self._expiry(request))
+            await self._write_checked(target, state, w)
+        return Outcome(200, {"version": str(version)})
+
+    async def _list_members(
+        self, request: schemas.KvRequest, target: _Target, r: int, w: int
+    ) -> Outcome:
+        value = await self._read(target, r)
+        _check_type(value, crdt.AWSet, self.now_ms())
+        members = value.members(self.now_ms()) if isinstance(value, crdt.AWSet) else []
+        page, more = ops.page(members, bytes, _cursor(request.cursor), request.limit)
+        return Outcome(
+            200,
+            {
+                "members": [b64.b64u(m) for m in page],
+                "cursor": None if more is None else b64.b64u(more),
+            },
+        )
+
+    async def _field_put(
+        self, request: schemas.KvRequest, target: _Target, r: int, w: int
+    ) -> Outcome:
+        names.check_key(request.field, "field")
+        value = self._value(request)
+        current = await self._read(target, r)
+        _check_type(current, crdt.KvMap, self.now_ms())
+        version = await self._write_lww(
+            target,
+            lambda v: crdt.KvMap({request.field: crdt.Register(v, value, self._expiry(request))}),
+            w,
+        )
+        return Outcome(200, {"version": str(version)})
+
+    async def _field_get(
+        self, request: schemas.KvRequest, target: _Target, r: int, w: int
+    ) -> Outcome:
+        names.check_key(request.field, "field")
+        value = await self._read(target, r)
+        _check_type(value, crdt.KvMap, self.now_ms())
+        register = value.fields.get(request.field) if isinstance(value, crdt.KvMap) else None
+        if register is None or register.visible(self.now_ms()) is None:
+            raise Refusal(404, "NOT_FOUND", "no such field")
+        return Outcome(200, _register_body(register))
+
+    async def _field_delete(
+        self, request: schemas.KvRequest, target: _Target, r: int, w: int
+    ) -> Outcome:
+        names.check_key(request.field, "field")
+        version = await self._write_lww(
+            target, lambda v: crdt.KvMap({request.field: crdt.Register(v, None)}), w
+        )
+        return Outcome(200, {"version": str(version)})
+
+    async def _list_fields(
+        self, request: schemas.KvRequest, target: _Target, r: int, w: int
+    ) -> Outcome:
+        value = await self._read(target, r)
+        _check_type(value, crdt.KvMap, self.now_ms())
+        fields = value.visible(self.now_ms()) if isinstance(value, crdt.KvMap) else {}
+        page, more = ops.page(
+            sorted(fields.items(), key=lambda item: item[0].encode()),
+            lambda item: item[0].encode(),
+            _cursor(request.cursor),
+            request.limit,
+        )
+        return Outcome(
+            200,
+            {
+                "fields": [
+                    {
+                        "field": name,
+                        "value": b64.b64u(reg.value or b""),
+                        "version": str(reg.version),
+                    }
+                    for name, reg in page
+                ],
+                "cursor": None if more is None else b64.b64u(more),
+            },
+        )
+
+    # -- quorum machinery ------------------------------------------------------------------
+
+    def _lock(self, target: _Target) -> asyncio.Lock:
+        key = (target.namespace, target.key)
+        lock = self._locks.get(key)
+        if lock is None:
+            if len(self._locks) > 10_000:
+                self._locks = {k: v for k, v in self._locks.items() if v.locked()}
+            lock = self._locks[key] = asyncio.Lock()
+        return lock
+
+    def _stamp(self, current: crdt.Value | None) -> Version:
+        """A version past everything `current` carries."""
+        if current is not None:
+            for version in ops.versions(current):
+                if self.clock.admissible(version):
+                    self.clock.observe(version)
+        return self.clock.tick()
+
+    async def _write_register(
+        self, target: _Target, value: bytes | None, expires_at: int | None, w: int
+    ) -> Version:
+        return await self._write_lww(target, lambda v: crdt.Register(v, value, expires_at), w)
+
+    async def _write_lww(
+        self, target: _Target, make: Callable[[Version], crdt.Value], w: int
+    ) -> Version:
+        """Stamp, write, and stamp again past any newer version a replica reports."""
+        for _ in range(MAX_RESENDS):
+            version = self.clock.tick()
+            results = await self._write_checked(target, make(version), w)
+            newer = [Version.parse(r["newer"]) for r in results if r.get("newer")]
+            if not newer:
+                return version
+            _RESENDS.inc()
+            self.clock.observe(max(newer))
+        return version
+
+    async def _write_checked(
+        self, target: _Target, value: crdt.Value, w: int
+    ) -> list[dict[str, Any]]:
+        outcome, results = await self._write(target, value, w)
+        for result in results:
+            if result.get("live") and result.get("type") not in (None, ops.type_name(value)):
+                raise _bad(f"key holds a {result['type']}")
+        if outcome is not quorum.Outcome.OK:
+            raise Refusal(
+                504,
+                "INDETERMINATE",
+                f"fewer than {w} replicas acknowledged within {self.settings.timeout_s:g} s; "
+                "the write may or may not become visible; retrying is safe",
+            )
+        return results
+
+    async def _write(
+        self, target: _Target, value: crdt.Value, w: int
+    ) -> tuple[quorum.Outcome, list[dict[str, Any]]]:
+        home = self.peers.view.replicas(target.shard, target.n)
+        plan = quorum.plan_write(home, self.peers.reachable(), w)
+        round_ = quorum.WriteRound(plan.targets, w)
+        decided = asyncio.Event()
+        results: list[dict[str, Any]] = []
+        item = [(target.n, target.namespace, target.key, value)]
+
+        async def send(site: str) -> None:
+            try:
+                answer = await asyncio.wait_for(
+                    self.replicas.write(site, item), self.settings.timeout_s
+                )
+                round_.ack(site)
+                results.append(answer[0])
+            except (PeerError, Refused, TimeoutError) as error:
+                log.debug("kv_replica_write_failed", site=site, error=repr(error))
+                if isinstance(error, TimeoutError) and site != self.peers.me:
+                    self.peers.mark_down(site)  # `Peers.call` marks its own failures
+                round_.fail(site)
+                await self._hint(home, site, item)
+            finally:
+                if round_.decided is not None:
+                    decided.set()
+
+        for site in plan.targets:
+            self._spawn(send(site))
+        for site in plan.hints:
+            self._spawn(self._hint(home, site, item))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(decided.wait(), self.settings.timeout_s)
+        return round_.final(), list(results)
+
+    async def _hint(
+        self,
+        home: placement.Replicas,
+        site: str,
+        item: list[tuple[int, str, str, crdt.Value]],
+    ) -> None:
+        helper = quorum.fallback_for(home, self.peers.reachable())
+        if helper is None:
+            return
+        try:
+            await asyncio.wait_for(
+                self.replicas.write(helper, item, hint_for=site), self.settings.timeout_s
+            )
+            _HINTS_SENT.inc()
+        except (PeerError, Refused, TimeoutError) as error:
+            log.info("kv_hint_not_stored", target=site, helper=helper, error=str(error))
+
+    async def _read(self, target: _Target, r: int) -> crdt.Value | None:
+        home = self.peers.view.replicas(target.shard, target.n)
+        targets = quorum.plan_read(home, self.peers.reachable(), r)
+        round_ = quorum.ReadRound(targets, r)
+        decided = asyncio.Event()
+        item = [(target.n, target.namespace, target.key)]
+
+        async def ask(site: str) -> None:
+            try:
+                answer = await asyncio.wait_for(
+                    self.replicas.read(site, item), self.settings.timeout_s
+                )
+                round_.answer(site, answer[0])
+            except (PeerError, TimeoutError):
+                round_.fail(site)
+            finally:
+                if round_.decided is not None:
+                    decided.set()
+
+        asks = [asyncio.create_task(ask(site)) for site in targets]
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(decided.wait(), self.settings.timeout_s)
+        if round_.decided is not quorum.Outcome.OK:
+            for task in asks:
+                task.cancel()
+            raise quorum.Unavailable(
+                f"{len(round_.answers)} of {r} replicas answered the read in time"
+            )
+        merged = round_.merged()
+        answered = dict(round_.answers)
+        if merged is not None:
+            stale = [site for site, value in answered.items() if value != merged]
+            if stale:  # blocking read repair of the stale replicas among the R
+                _REPAIRS.labels("blocking").inc(len(stale))
+                await asyncio.gather(
+                    *(self._repair(site, target, merged) for site in stale),
+                    return_exceptions=True,
+                )
+        late = [task for task in asks if not task.done()]
+        if late and merged is not None:
+            self._spawn(self._repair_late(late, round_, set(answered), target, merged))
+        return merged
+
+    async def _repair(self, site: str, target: _Target, value: crdt.Value) -> None:
+        await asyncio.wait_for(
+            self.replicas.write(site, [(target.n, target.namespace, target.key, value)]),
+            self.settings.timeout_s,
+        )
+
+    async def _repair_late(
+        self,
+        late: list[asyncio.Task[None]],
+        round_: quorum.ReadRound,
+        seen: set[str],
+        target: _Target,
+        merged: crdt.Value,
+    ) -> None:
+        await asyncio.gather(*late, return_exceptions=True)
+        for site, value in round_.answers.items():
+            if site not in seen and value != crdt.merge_all([value, merged]):
+                _REPAIRS.labels("background").inc()
+                with contextlib.suppress(PeerError, Refused, TimeoutError):
+                    await self._repair(site, target, merged)
+
+
+@dataclass(frozen=True)
+class _Target:
+    n: int
+    namespace: str
+    key: str
+
+    @property
+    def shard(self) -> int:
+        return placement.shard_of(self.namespace, self.key)
+
+
+def _check_type(current: crdt.Value | None, wanted: type[crdt.Value], now_ms: int) -> None:
+    try:
+        ops.check_type(current, wanted, now_ms)
+    except ops.WrongType as error:
+        raise _bad(str(error)) from None
+
+
+def _register_body(register: crdt.Register) -> dict[str, Any]:
+    return {
+        "value": b64.b64u(register.value or b""),
+        "version": str(register.version),
+        "expires_at": register.expires_at,
+    }
+
+
+def _cursor(text: str | None) -> bytes | None:
+    if text is None:
+        return None
+    try:
+        return b64.unb64u(text)
+    except ValueError:
+        raise _bad("cursor is not base64url") from None

@@ -1,0 +1,169 @@
+"""This replicator as a replica: the writes and reads a coordinator sends it, whether from this
+process (a direct call) or from another replicator (the internal HTTP routes below).
+
+Routes (admin bearer token when `RELAY_ADMIN_TOKEN` is set; peers use it):
+- `GET /internal/kv/site`: this replicator's site id;
+- `POST /internal/kv/write` `{"items": [{"n", "ns", "key", "value"}], "hint_for"?}`: merge each
+  value into the store (or keep it as a hint for `hint_for`) and answer once fsynced;
+- `POST /internal/kv/read` `{"items": [{"n", "ns", "key"}]}`: the stored values, tombstones
+  included (internal reads see them);
+- `POST /internal/kv/tree/groups`, `/tree/shards`, `/tree/keys`: anti-entropy
+  (`relay_replicator.sync`).
+
+Invariants: a write whose version is further ahead of this site's clock than the allowed skew is
+refused whole (409, nothing stored); an accepted version is observed by this site's clock (so
+its own later stamps are greater); an answer is sent only after the batch holding the write is
+on disk.
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import Any
+
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
+from pydantic import BaseModel, Field
+
+from relay_kv import codec, crdt, hints, ops, placement
+from relay_kv.clock import HybridClock, TooFarAhead
+from relay_replicator.store import KvStore, Write
+
+
+class Refused(Exception):
+    """A write this replica will not take (a version too far ahead, hints full)."""
+
+
+class Item(BaseModel):
+    n: int = Field(ge=1, le=7)
+    ns: str
+    key: str
+    value: dict[str, Any] | None = None
+
+
+class WriteBody(BaseModel):
+    items: list[Item]
+    hint_for: str | None = None
+
+
+class ReadBody(BaseModel):
+    items: list[Item]
+
+
+class LocalReplica:
+    def __init__(self, site: str, store: KvStore, clock: HybridClock, now_ms: Any) -> None:
+        self.site = site
+        self.store = store
+        self.clock = clock
+        self.now_ms = now_ms
+
+    async def write(
+        self, items: list[tuple[int, str, str, crdt.Value]], hint_for: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Merge (or hint) `items` = (n, namespace, key, value); per item `{"newer", "type",
+        "live"}` (for a hint, empty)."""
+        for _, _, _, value in items:
+            for version in ops.versions(value):
+                if not self.clock.admissible(version):
+                    raise Refused(f"version {version} is too far ahead of site {self.site}")
+        for _, _, _, value in items:
+            for version in ops.versions(value):
+                try:
+                    self.clock.observe(version)
+                except TooFarAhead as error:
+                    raise Refused(str(error)) from None
+        if hint_for is not None:
+            now = self.now_ms()
+            kept = await self.store.add_hints(
+                [hints.Hint(hint_for, n, ns, key, value, now) for n, ns, key, value in items]
+            )
+            if not kept:
+                raise Refused(f"hints full on site {self.site}")
+            return [{} for _ in items]
+        applied = await self.store.merge(
+            [Write(n, placement.shard_of(ns, key), ns, key, value) for n, ns, key, value in items]
+        )
+        now = self.now_ms()
+        return [
+            {
+                "newer": None if a.newer is None else str(a.newer),
+                "type": ops.type_name(a.stored),
+                "live": crdt.is_live(a.stored, now),
+            }
+            for a in applied
+        ]
+
+    def read(self, items: list[tuple[int, str, str]]) -> list[crdt.Value | None]:
+        return [self.store.get(n, placement.shard_of(ns, key), ns, key) for n, ns, key in items]
+
+
+def router(replica: LocalReplica, token: str | None, sync: Any) -> APIRouter:
+    async def authorized(request: Request) -> None:
+        if token is None:
+            return
+        presented = request.headers.get("authorization", "")
+        if not hmac.compare_digest(presented.encode(), f"Bearer {token}".encode()):
+            raise HTTPException(403, "admin token missing or wrong")
+
+    api = APIRouter(prefix="/internal/kv", dependencies=[Depends(authorized)])
+
+    @api.get("/site")
+    async def site() -> dict[str, str]:
+        return {"site": replica.site}
+
+    @api.post("/write")
+    async def write(body: WriteBody) -> dict[str, Any]:
+        if any(i.value is None for i in body.items):
+            raise HTTPException(400, "every item of a write needs a value")
+        try:
+            items = [(i.n, i.ns, i.key, codec.from_json(i.value or {})) for i in body.items]
+        except codec.CorruptValue as error:
+            raise HTTPException(400, str(error)) from None
+        try:
+            return {"results": await replica.write(items, body.hint_for)}
+        except Refused as error:
+            raise HTTPException(409, str(error)) from None
+
+    @api.post("/read")
+    async def read(body: ReadBody) -> dict[str, Any]:
+        values = replica.read([(i.n, i.ns, i.key) for i in body.items])
+        return {"values": [None if v is None else codec.to_json(v) for v in values]}
+
+    @api.post("/scan")
+    async def scan(body: dict[str, Any]) -> dict[str, Any]:
+        """This replica's keys of one namespace (tombstones included), paged by (shard, key)."""
+        after = body.get("after")
+        found = replica.store.scan(
+            int(body["n"]),
+            str(body["ns"]),
+            None if after is None else (int(after[0]), str(after[1])),
+            min(int(body.get("limit", 1000)), 1000),
+        )
+        return {
+            "keys": [
+                {"shard": shard, "key": key, "value": codec.to_json(codec.decode(raw))}
+                for shard, key, raw in found
+            ]
+        }
+
+    @api.post("/tree/groups")
+    async def groups(body: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = sync.groups(int(body["n"]), str(body["peer"]))
+        return result
+
+    @api.post("/tree/shards")
+    async def shards(body: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = sync.shards(
+            int(body["n"]), str(body["peer"]), [int(g) for g in body["groups"]]
+        )
+        return result
+
+    @api.post("/tree/keys")
+    async def keys(body: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = sync.keys(int(body["n"]), int(body["shard"]))
+        return result
+
+    return api
+
+
+def install(app: FastAPI, replica: LocalReplica, token: str | None, sync: Any) -> None:
+    app.include_router(router(replica, token, sync))

@@ -1,0 +1,242 @@
+"""Anti-entropy: pairs of replicas compare tictac hashes and exchange what differs; then the
+tombstones that every replica is known to hold are purged.
+
+Every `interval_s`, for each replication factor n this site stores and each peer: the shards the
+two share (both among the n home replicas) are compared group by group (XOR of shard hashes per
+group), then shard by shard in the groups that differ, then key by key in the shards that differ.
+A differing key is pulled (the peer's value merged here) and pushed (the merge written to the
+peer): both then hold the join. A pass that compared every shared shard records when it started
+(`KvStore.mark_synced`); a shard is synced as of the oldest such time among its other home
+replicas, which the GC guard (`relay_kv.tombstones.purgeable`) requires.
+
+Invariants: anti-entropy only ever merges (never overwrites or deletes a value), and never
+hands over a tombstone this site would purge; one pass at a
+time; a pass interrupted by a peer's failure records nothing, so the guard never counts a sync
+that did not complete; keys are exchanged in batches of `batch` (the throttle).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import structlog
+from prometheus_client import Counter, Gauge
+
+from relay_kv import codec, crdt, names, placement, tictac, tombstones
+from relay_replicator.coordinator import NS_N, Replicas
+from relay_replicator.peers import PeerError
+from relay_replicator.replica import Refused
+from relay_replicator.store import Write
+
+log = structlog.get_logger(__name__)
+
+_DIVERGENT = Gauge("relay_kv_divergent_shards", "Shards that differed in the last pass", ["peer"])
+_EXCHANGED = Counter("relay_kv_sync_keys_total", "Keys exchanged by anti-entropy", ["way"])
+_PURGED = Counter("relay_kv_tombstones_purged_total", "Tombstones purged by GC")
+
+
+class Sync:
+    def __init__(
+        self,
+        replicas: Replicas,
+        now_ms: Callable[[], int],
+        interval_s: float,
+        *,
+        gc_guard: bool = True,
+        batch: int = 100,
+    ) -> None:
+        self.replicas = replicas
+        self.store = replicas.local.store
+        self.peers = replicas.peers
+        self.now_ms = now_ms
+        self.interval_s = interval_s
+        self.gc_guard = gc_guard
+        self.batch = batch
+        self._home: dict[tuple[int, int], tuple[str, ...]] = {}
+        self._home_view = 0
+        self._task: asyncio.Task[None] | None = None
+        self.passes = 0
+
+    def start(self) -> None:
+        if self.interval_s > 0:
+            self._task = asyncio.create_task(self._run(), name="kv-sync")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            try:
+                await self.run_pass()
+            except Exception:
+                log.exception("kv_sync_failed")
+
+    # -- what a peer asks --------------------------------------------------------------------
+
+    def home(self, n: int, shard: int) -> tuple[str, ...]:
+        """The shard's home replicas in the current view (memoised per view)."""
+        view = self.peers.view
+        if self._home_view != view.version:
+            self._home, self._home_view = {}, view.version
+        key = (n, shard)
+        found = self._home.get(key)
+        if found is None:
+            found = self._home[key] = view.replicas(shard, n).home
+        return found
+
+    def shared(self, n: int, peer: str, shards: Iterable[int]) -> list[int]:
+        """Those of `shards` whose n home replicas include this site and `peer`. Only shards
+        holding data are ever asked about (an empty shard adds nothing to a group's XOR), so
+        the cost follows the data, not the 65,536 shards."""
+        me = self.peers.me
+        return [s for s in shards if me in (home := self.home(n, s)) and peer in home]
+
+    def _tree(self, n: int) -> tictac.Tree:
+        return self.store.tree.get(n) or tictac.Tree()
+
+    def groups(self, n: int, peer: str) -> dict[str, Any]:
+        tree = self._tree(n)
+        hashes = tree.groups(self.shared(n, peer, list(tree.shards)))
+        return {"groups": {str(g): f"{h:016x}" for g, h in hashes.items()}}
+
+    def shards(self, n: int, peer: str, groups: list[int]) -> dict[str, Any]:
+        wanted = set(groups)
+        tree = self._tree(n)
+        return {
+            "shards": {
+                str(s): f"{tree.shard(s):016x}"
+                for s in self.shared(n, peer, list(tree.shards))
+                if tictac.group_of(s) in wanted
+            }
+        }
+
+    def keys(self, n: int, shard: int) -> dict[str, Any]:
+        return {
+            "keys": [
+                [ns, key, f"{tictac.key_hash(ns, key, raw):016x}"]
+                for ns, key, raw in self.store.shard_keys(n, shard)
+            ]
+        }
+
+    # -- one pass ------------------------------------------------------------------------------
+
+    async def run_pass(self) -> dict[str, int]:
+        """Exchange with every peer for every n, then GC; returns the divergent shards per peer."""
+        divergent: dict[str, int] = {}
+        classes = sorted({*self.store.tree, NS_N})
+        for peer in sorted(self.peers.sites):
+            if self.peers.is_down(peer) and not await self.peers.probe(peer):
+                continue
+            for n in classes:
+                started = self.now_ms()
+                try:
+                    found = await self.exchange(peer, n)
+                except (PeerError, Refused, TimeoutError) as error:
+                    log.info("kv_sync_interrupted", peer=peer, n=n, error=str(error))
+                    break
+                divergent[peer] = divergent.get(peer, 0) + found
+                await self.store.mark_synced(n, peer, started)
+            _DIVERGENT.labels(peer).set(divergent.get(peer, 0))
+        await self.collect_garbage()
+        self.passes += 1
+        return divergent
+
+    async def exchange(self, peer: str, n: int) -> int:
+        """Compare and repair every shard shared with `peer` for `n`; returns shards that
+        differed."""
+        me = self.peers.me
+        theirs = await self.peers.call(peer, "/internal/kv/tree/groups", {"n": n, "peer": me})
+        mine = self.groups(n, peer)["groups"]
+        groups = tictac.differing(mine, theirs["groups"])
+        if not groups:
+            return 0
+        their_shards = (
+            await self.peers.call(
+                peer, "/internal/kv/tree/shards", {"n": n, "peer": me, "groups": groups}
+            )
+        )["shards"]
+        my_shards = self.shards(n, peer, groups)["shards"]
+        differing = tictac.differing(my_shards, their_shards)
+        for shard in differing:
+            await self._repair_shard(peer, n, shard)
+        return len(differing)
+
+    async def _repair_shard(self, peer: str, n: int, shard: int) -> None:
+        their_keys = {
+            (ns, key): h
+            for ns, key, h in (
+                await self.peers.call(peer, "/internal/kv/tree/keys", {"n": n, "shard": shard})
+            )["keys"]
+        }
+        my_keys = {(ns, key): h for ns, key, h in self.keys(n, shard)["keys"]}
+        differ = sorted(
+            k for k in set(my_keys) | set(their_keys) if my_keys.get(k) != their_keys.get(k)
+        )
+        for start in range(0, len(differ), self.batch):
+            part = differ[start : start + self.batch]
+            pull = [k for k in part if k in their_keys]
+            if pull:
+                values = await self.replicas.read(peer, [(n, ns, key) for ns, key in pull])
+                got = [
+                    (n, ns, key, v)
+                    for (ns, key), v in zip(pull, values, strict=True)
+                    if v is not None and not self.purgeable(n, shard, ns, v)
+                ]
+                if got:
+                    await self.replicas.local.write(got)
+                    _EXCHANGED.labels("pulled").inc(len(got))
+            push = [
+                (n, ns, key, value)
+                for ns, key in part
+                if (value := self.store.get(n, shard, ns, key)) is not None
+                and not self.purgeable(n, shard, ns, value)
+            ]
+            if push:
+                await self.replicas.write(peer, push)
+                _EXCHANGED.labels("pushed").inc(len(push))
+
+    # -- garbage collection ------------------------------------------------------------------
+
+    def synced_ms(self, n: int, shard: int) -> int | None:
+        """When the shard was last fully synced with all its other home replicas (None: not
+        yet with some of them)."""
+        others = [s for s in self.peers.view.replicas(shard, n).home if s != self.peers.me]
+        times = [self.store.synced.get((n, peer)) for peer in others]
+        if any(t is None for t in times):
+            return None
+        return min([t for t in times if t is not None], default=self.now_ms())
+
+    def _grace_ms(self, namespace: str) -> int:
+        if namespace == names.NAMESPACES:
+            return 864_000_000
+        shard = placement.shard_of(names.NAMESPACES, namespace)
+        found = self.store.get(NS_N, shard, names.NAMESPACES, namespace)
+        if isinstance(found, crdt.Register) and found.value is not None:
+            return names.Namespace.decode(found.value).gc_grace_s * 1000
+        return 864_000_000
+
+    def purgeable(self, n: int, shard: int, namespace: str, value: crdt.Value) -> bool:
+        """Whether this site would purge `value`: such a tombstone is neither pulled nor pushed
+        (otherwise replicas that purge at different moments hand it back and forth forever)."""
+        now = self.now_ms()
+        if tombstones.tombstone_since(value, now) is None:
+            return False
+        return tombstones.purgeable(
+            value, now, self._grace_ms(namespace), self.synced_ms(n, shard), guard=self.gc_guard
+        )
+
+    async def collect_garbage(self) -> int:
+        judged = []
+        for n, shard, namespace, key, raw in self.store.all_keys():
+            value = codec.decode(raw)
+            if self.purgeable(n, shard, namespace, value):
+                judged.append((Write(n, shard, namespace, key, value), raw))
+        if judged:
+            await self.store.purge(judged)
+            _PURGED.inc(len(judged))
+        return len(judged)

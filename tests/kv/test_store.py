@@ -1,0 +1,72 @@
+"""The replicator's RocksDB store on real files: writes merge (twice is once), shard hashes stay
+equal to a recompute through writes, purges and a reopen, hints merge per key and are deleted
+only if unchanged, and the hint byte limit holds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from relay_kv import hints, placement
+from relay_kv.clock import Version
+from relay_kv.crdt import AWSet, Register
+from relay_replicator.store import KvStore, Write
+
+A = "A" * 16
+
+
+def write(key: str, value: Register | AWSet, n: int = 3) -> Write:
+    return Write(n, placement.shard_of("ns", key), "ns", key, value)
+
+
+async def test_writes_merge_and_hashes_survive_a_reopen(tmp_path: Path) -> None:
+    store = KvStore(tmp_path / "db", hints.HintLimits())
+    store.open()
+    old = Register(Version(1, 0, A), b"old")
+    new = Register(Version(2, 0, A), b"new")
+    applied = await store.merge(
+        [write("k", new), write("j", AWSet().add([b"m"], Version(1, 0, A)))]
+    )
+    assert [a.newer for a in applied] == [None, None]
+    late = await store.merge([write("k", old)])  # an older write: reported, not applied
+    assert late[0].newer == new.version
+    assert late[0].stored == new
+    before = {n: dict(t.shards) for n, t in store.tree.items()}
+    await store.merge([write("k", new)])  # the same write again changes nothing
+    assert {n: dict(t.shards) for n, t in store.tree.items()} == before
+    assert store.check() == []
+    await store.close()
+
+    again = KvStore(tmp_path / "db", hints.HintLimits())
+    again.open()
+    assert again.get(3, placement.shard_of("ns", "k"), "ns", "k") == new
+    assert {n: dict(t.shards) for n, t in again.tree.items()} == before
+    assert again.check() == []
+    tombstone = Register(Version(3, 0, A), None)
+    await again.merge([write("k", tombstone)])
+    raw = again.get_raw(3, placement.shard_of("ns", "k"), "ns", "k")
+    assert raw is not None
+    await again.purge([(write("k", tombstone), b"not what is stored")])  # changed meanwhile: kept
+    assert again.get(3, placement.shard_of("ns", "k"), "ns", "k") == tombstone
+    await again.purge([(write("k", tombstone), raw)])
+    assert again.get(3, placement.shard_of("ns", "k"), "ns", "k") is None
+    assert again.check() == []
+    await again.close()
+
+
+async def test_hints_merge_per_key_and_respect_the_limit(tmp_path: Path) -> None:
+    store = KvStore(tmp_path / "db", hints.HintLimits(max_bytes=600))
+    store.open()
+    first = hints.Hint("B" * 16, 3, "ns", "k", Register(Version(1, 0, A), b"1"), created_ms=10)
+    second = hints.Hint("B" * 16, 3, "ns", "k", Register(Version(2, 0, A), b"2"), created_ms=20)
+    assert await store.add_hints([first])
+    assert await store.add_hints([second])
+    ((key, raw, held),) = store.hints_for("B" * 16, 10)
+    assert held.value == second.value
+    assert held.created_ms == 10  # the oldest write it carries
+    assert store.hint_targets() == {"B" * 16}
+    big = hints.Hint("C" * 16, 3, "ns", "x", Register(Version(1, 0, A), b"x" * 600), 1)
+    assert not await store.add_hints([big])  # over the byte limit: refused
+    await store.drop_hints([(key, raw)])
+    assert store.hints_for("B" * 16, 10) == []
+    assert store.hint_bytes == 0
+    await store.close()
