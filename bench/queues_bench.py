@@ -21,7 +21,8 @@ stopped before the next starts, so none competes with another for the two cores)
 - `--receivers` R receiver tasks, each owning a contiguous Q/R of the queues on one connection
   and acknowledging every message, one message in flight per queue: Relay one WebSocket, SUB to
   each queue, an ACK frame per MSG (the next MSG comes after the ACK; permessage-deflate off);
-  NATS one durable push consumer per queue on one stream (`q.*`), explicit ack,
+  NATS one durable push consumer per queue, on streams of 1,000 queues each (`q<k>.*`: a
+  stream takes at most 1,000 consumers by default), explicit ack,
   `max_ack_pending=1`; Redis one stream per queue with a consumer group, XREADGROUP (COUNT 1 per
   stream, so at most one new message per queue per round) then XACK of what was read;
 - bodies of 256 bytes carrying the queue index, a per-queue sequence number and the send time;
@@ -628,6 +629,14 @@ class Relay(System):
 # -- NATS JetStream ---------------------------------------------------------------------------
 
 
+NATS_QUEUES_PER_STREAM = 1000
+"""nats-server refuses a stream's 1,001st consumer by default ("maximum consumers limit")."""
+
+
+def _nats_subject(queue: int) -> str:
+    return f"q{queue // NATS_QUEUES_PER_STREAM}.{queue}"
+
+
 class Nats(System):
     name = "nats"
 
@@ -669,14 +678,15 @@ class Nats(System):
 
         nc = await self._connect()
         js = nc.jetstream()
-        await js.add_stream(name="BENCH", subjects=["q.*"], storage=StorageType.FILE)
+        for k in range(-(-queues // NATS_QUEUES_PER_STREAM)):
+            await js.add_stream(name=f"BENCH{k}", subjects=[f"q{k}.*"], storage=StorageType.FILE)
 
         async def consumer(q: int) -> None:
             await js.add_consumer(
-                "BENCH",
+                f"BENCH{q // NATS_QUEUES_PER_STREAM}",
                 ConsumerConfig(
                     durable_name=f"c{q}",
-                    filter_subject=f"q.{q}",
+                    filter_subject=_nats_subject(q),
                     deliver_subject=f"deliver.{q}",
                     deliver_policy=DeliverPolicy.ALL,
                     ack_policy=AckPolicy.EXPLICIT,
@@ -691,7 +701,8 @@ class Nats(System):
     async def senders(self, count: int) -> list[Send]:
         def make(js: Any) -> Send:
             async def send(queue: int, body: bytes) -> None:
-                await js.publish(f"q.{queue}", body, stream="BENCH")
+                stream = f"BENCH{queue // NATS_QUEUES_PER_STREAM}"
+                await js.publish(_nats_subject(queue), body, stream=stream)
 
             return send
 
@@ -1068,7 +1079,11 @@ def run_level(
         if level.rate:
             what += f", {level.rate} msgs/s"
         print(f"{label}: {kind.name} ({what})", file=sys.stderr, flush=True)
-        results[kind.name] = run_one(kind, folder, level)
+        try:
+            results[kind.name] = run_one(kind, folder, level)
+        except Exception as error:  # reported, and the sweep goes on with the next system
+            print(f"{label}: {kind.name} failed: {error!r}", file=sys.stderr, flush=True)
+            continue
         results[kind.name].update(senders=level.senders, queues=level.queues, rate=level.rate)
     return results
 
