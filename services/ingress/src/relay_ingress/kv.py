@@ -12,11 +12,11 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Path, Query
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from relay_ingress import asking
 from relay_ingress.admin import Admin
-from relay_ingress.checks import B64U_PATTERN
+from relay_ingress.checks import B64U_PATTERN, JSON_INTEGER, StrictBody
 from relay_ingress.context import Ctx
 from relay_ingress.errors import ApiError, documented
 from relay_kv import names, placement
@@ -34,26 +34,22 @@ Quorum = Annotated[int | None, Query(ge=1, le=names.MAX_N)]
 B64 = Annotated[str, Field(pattern=B64U_PATTERN, max_length=MAX_B64)]
 
 
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class NamespaceBody(StrictBody):
+    n: Annotated[int, Field(ge=1, le=names.MAX_N), JSON_INTEGER] = 3
+    r: Annotated[int, Field(ge=1, le=names.MAX_N), JSON_INTEGER] | None = None
+    w: Annotated[int, Field(ge=1, le=names.MAX_N), JSON_INTEGER] | None = None
+    gc_grace_s: Annotated[int, Field(ge=0, le=10 * 365 * 86_400), JSON_INTEGER] = 864_000
 
 
-class NamespaceBody(_Body):
-    n: int = Field(3, ge=1, le=names.MAX_N)
-    r: int | None = Field(None, ge=1, le=names.MAX_N)
-    w: int | None = Field(None, ge=1, le=names.MAX_N)
-    gc_grace_s: int = Field(864_000, ge=0, le=10 * 365 * 86_400)
-
-
-class ValueBody(_Body):
+class ValueBody(StrictBody):
     value: B64
-    ttl_s: int | None = Field(None, ge=1, le=2**32 - 1)
+    ttl_s: Annotated[int, Field(ge=1, le=2**32 - 1), JSON_INTEGER] | None = None
 
 
-class MembersBody(_Body):
+class MembersBody(StrictBody):
     add: list[B64] = Field(default_factory=list, max_length=1000)
     remove: list[B64] = Field(default_factory=list, max_length=1000)
-    ttl_s: int | None = Field(None, ge=1, le=2**32 - 1)
+    ttl_s: Annotated[int, Field(ge=1, le=2**32 - 1), JSON_INTEGER] | None = None
 
 
 def _token(authorization: str | None) -> str:
