@@ -33,8 +33,23 @@ def admin(
     params: dict[str, str] | None = None,
     body: Any = None,
 ) -> Any:
-    """Call an admin endpoint of the running suite and return its JSON (None for an empty
-    answer); exit 1 naming `what` failed otherwise."""
+    """Call an admin endpoint of the running suite (its admin token); see `call`."""
+    token = state.admin_token(data_dir)
+    return call(data_dir, method, path, what, timeout_s, token, params=params, body=body)
+
+
+def call(
+    data_dir: Path,
+    method: str,
+    path: str,
+    what: str,
+    timeout_s: float,
+    token: str,
+    params: dict[str, str] | None = None,
+    body: Any = None,
+) -> Any:
+    """Call the running suite's ingress with `token` as Bearer and return its JSON (None for an
+    empty answer); exit 1 naming `what` failed otherwise."""
     suite = running(data_dir)
     try:
         response = httpx.request(
@@ -42,7 +57,7 @@ def admin(
             f"{suite.ingress_url}{path}",
             params=params,
             json=body,
-            headers={"Authorization": f"Bearer {state.admin_token(data_dir)}"},
+            headers={"Authorization": f"Bearer {token}"},
             timeout=timeout_s,
         )
     except httpx.HTTPError as error:

@@ -47,36 +47,20 @@ def namespace(
     typer.echo(answer["token"])
 
 
-def _client(data_dir: Path, what: str, method: str, path: str, token: str, body: Any = None) -> Any:
-    suite = calls.running(data_dir)
-    try:
-        response = httpx.request(
-            method,
-            f"{suite.ingress_url}{path}",
-            json=body,
-            headers={"Authorization": f"Bearer {token}"},
-            timeout=TIMEOUT_S,
-        )
-    except httpx.HTTPError as error:
-        typer.echo(f"relayctl: {what} failed: {error}", err=True)
-        raise typer.Exit(1) from None
-    if not response.is_success:
-        typer.echo(f"relayctl: {what} failed: {response.status_code} {response.text}", err=True)
-        raise typer.Exit(1)
-    return response.json()
-
-
 @app.command()
 def put(ns: str, key: str, value: str, token: Token, data_dir: DataDir = Path("./var")) -> None:
     """Write a string value; prints its version."""
     body = {"value": b64u(value.encode())}
-    typer.echo(_client(data_dir, "kv put", "PUT", f"/v1/kv/{ns}/{key}", token, body)["version"])
+    answer = calls.call(
+        data_dir, "PUT", f"/v1/kv/{ns}/{key}", "kv put", TIMEOUT_S, token, body=body
+    )
+    typer.echo(answer["version"])
 
 
 @app.command()
 def get(ns: str, key: str, token: Token, data_dir: DataDir = Path("./var")) -> None:
     """Read a string value (quorum read); prints the value and its version."""
-    answer = _client(data_dir, "kv get", "GET", f"/v1/kv/{ns}/{key}", token)
+    answer = calls.call(data_dir, "GET", f"/v1/kv/{ns}/{key}", "kv get", TIMEOUT_S, token)
     typer.echo(f"{unb64u(answer['value']).decode(errors='replace')}\t{answer['version']}")
 
 

@@ -12,7 +12,6 @@ expired); a target that fails mid-replay keeps the rest for the next round.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 
 import structlog
@@ -20,6 +19,7 @@ from prometheus_client import Counter
 
 from relay_replicator.coordinator import Replicas
 from relay_replicator.peers import PeerError
+from relay_replicator.periodic import Periodic
 from relay_replicator.replica import Refused
 
 log = structlog.get_logger(__name__)
@@ -38,23 +38,13 @@ class Handoff:
         self.now_ms = now_ms
         self.interval_s = interval_s
         self.batch = batch
-        self._task: asyncio.Task[None] | None = None
+        self._rounds = Periodic("kv-handoff", interval_s, self.replay_all)
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="kv-handoff")
+        self._rounds.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval_s)
-            try:
-                await self.replay_all()
-            except Exception:
-                log.exception("kv_handoff_failed")
+        await self._rounds.stop()
 
     async def replay_all(self) -> int:
         """One round over every target; returns the hints handed back."""

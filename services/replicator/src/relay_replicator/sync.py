@@ -17,7 +17,6 @@ that did not complete; keys are exchanged in batches of `batch` (the throttle).
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -27,6 +26,7 @@ from prometheus_client import Counter, Gauge
 from relay_kv import codec, crdt, names, placement, tictac, tombstones
 from relay_replicator.coordinator import NS_N, Replicas
 from relay_replicator.peers import PeerError
+from relay_replicator.periodic import Periodic
 from relay_replicator.replica import Refused
 from relay_replicator.store import Write
 
@@ -56,25 +56,15 @@ class Sync:
         self.batch = batch
         self._home: dict[tuple[int, int], tuple[str, ...]] = {}
         self._home_view = 0
-        self._task: asyncio.Task[None] | None = None
         self.passes = 0
+        self._rounds = Periodic("kv-sync", interval_s, self.run_pass)
 
     def start(self) -> None:
         if self.interval_s > 0:
-            self._task = asyncio.create_task(self._run(), name="kv-sync")
+            self._rounds.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval_s)
-            try:
-                await self.run_pass()
-            except Exception:
-                log.exception("kv_sync_failed")
+        await self._rounds.stop()
 
     # -- what a peer asks --------------------------------------------------------------------
 
