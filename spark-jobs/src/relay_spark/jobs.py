@@ -100,14 +100,19 @@ def _grouped(frame: DataFrame) -> Any:
     ).groupByKey()
 
 
+def _in_order(
+    item: tuple[int, Iterable[tuple[int, bytes, bytes | None]]],
+) -> Iterator[replay.Answered]:
+    """One Kafka partition's archived requests, in offset order, for the pure replay."""
+    partition, requests = item
+    for offset, value, reply in sorted(requests, key=lambda r: r[0]):
+        yield replay.Answered(partition, offset, value, reply)
+
+
 def _replay_queue_partition(
     item: tuple[int, Iterable[tuple[int, bytes, bytes | None]]],
 ) -> Iterator[tuple[str, dict[str, Any]]]:
-    partition, requests = item
-    answered = (
-        replay.Answered(partition, offset, value, reply)
-        for offset, value, reply in sorted(requests, key=lambda r: r[0])
-    )
+    answered = _in_order(item)
     state = replay.replay_queues(answered)
     for row in tables.queue_rows(state):
         yield "queues", row
@@ -120,11 +125,7 @@ def _replay_queue_partition(
 def _replay_retained_partition(
     item: tuple[int, Iterable[tuple[int, bytes, bytes | None]]],
 ) -> Iterator[tuple[str, dict[str, Any]]]:
-    partition, requests = item
-    answered = (
-        replay.Answered(partition, offset, value, reply)
-        for offset, value, reply in sorted(requests, key=lambda r: r[0])
-    )
+    answered = _in_order(item)
     state = replay.replay_retained(answered)
     for row in tables.retained_rows(state):
         yield "retained", row
