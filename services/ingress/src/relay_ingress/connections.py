@@ -47,9 +47,9 @@ class Limits:
     frame_burst: int
     max_frame_bytes: int
     commands_in_flight: int
-    max_outbound_frames: int = 10_000
-    max_subscriptions: int = 10_000
-    max_topic_filters: int = 1_000
+    max_outbound_frames: int
+    max_subscriptions: int
+    max_topic_filters: int
 
 
 @dataclass
