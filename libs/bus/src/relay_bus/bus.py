@@ -290,7 +290,9 @@ class Bus:
                 metadata = await asyncio.wait_for(sending, max(0.01, deadline - time.monotonic()))
             except (clients.KafkaError, TimeoutError) as error:
                 if time.monotonic() + SEND_RETRY_S >= deadline:
-                    raise BusUnavailableError(f"sending to {topic} failed: {error}") from error
+                    raise BusUnavailableError(
+                        f"sending to {topic} failed: {str(error) or type(error).__name__}"
+                    ) from error
                 log.debug("send_retry", topic=topic, error=str(error))
                 await asyncio.sleep(SEND_RETRY_S)
                 self._producer.client.force_metadata_update()

@@ -83,12 +83,14 @@ def producer(settings: KafkaSettings, client_id: str) -> AIOKafkaProducer:
     # acks=all: a record counts as sent once every in-sync replica has it (at least
     # min.insync.replicas). Idempotence: the producer's own retries never duplicate or reorder a
     # partition's records. linger_ms=0: records that arrive while a request is in flight share
-    # the next one anyway, so waiting only adds latency.
+    # the next one anyway, so waiting only adds latency; they share it only if the batch has
+    # room for them (`batch_bytes`).
     return AIOKafkaProducer(
         **_common(settings, client_id),
         acks="all",
         enable_idempotence=True,
         linger_ms=0,
+        max_batch_size=settings.batch_bytes,
         max_request_size=topics.MAX_RECORD_BYTES,
     )
 

@@ -49,6 +49,12 @@ class KafkaSettings(BaseModel):
     fetch_max_wait_ms: int = Field(500, ge=1, le=10_000)
     """Longest a fetch waits for data on an idle partition. The broker answers as soon as data
     arrives (fetch.min.bytes 1), so this bounds only idle polling, not latency."""
+    batch_bytes: int = Field(512 * 1024, ge=16 * 1024, le=1_000_000)
+    """The producer's batch per partition (`batch.size`). The producer keeps one batch per
+    partition open while the previous one is in flight, and a send waits when it is full; at
+    aiokafka's 16 KiB default, one 8 KB publication fans out per round trip to an ingress's inbox
+    partition, and under load fanouts missed their send budget. At most 1,000,000: a batch must
+    fit the broker's default `max.message.bytes` (larger records still go alone)."""
     commit_interval_ms: int = Field(1000, ge=0, le=60_000)
     """Most time between the offset commits of a consumer on fixed partitions that keeps its
     own resume point (the queue-writer): in the background, off the record path (0: after every
