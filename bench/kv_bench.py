@@ -1,9 +1,9 @@
 """Replicated key-value benchmark (issue 21): Relay's `/v1/kv` (N=3, W=2, R=2 over three
-replicators) against Redis with two replicas, in one run.
+replicators) against etcd (three members) and Redis with two replicas, in one run.
 
     .venv/bin/python bench/kv_bench.py
         options (defaults): --keys 2000 --clients 4,16 --seconds 10 --value-bytes 256
-        --only relay|redis (repeatable)
+        --only relay|etcd|redis (repeatable)
 
 One workload, one asyncio client structure, each system alone on the machine (the next starts
 after the previous stopped):
@@ -19,7 +19,11 @@ after the previous stopped):
   `WAIT 1 1000` (fsynced on the primary and received by one replica: Redis 7.0 has no
   WAITAOF, so the replica's fsync is not waited for — weaker than Relay's W=2); a read is a
   `GET` on the primary.
-- etcd (the issue's other peer) is not installed on this machine: not measured.
+- etcd (Debian `etcd-server` 3.4, `bench/setup-peers.sh` installs it): three members on
+  loopback, each with its own data dir (etcd fsyncs its WAL before it acknowledges, always); a
+  write is a `PUT` through any member's JSON gateway (`/v3/kv/put`; committed on a majority, 2
+  of 3, like Relay's W=2), a read a linearizable `range` (through the leader's quorum, like
+  Relay's R=2). Each client task keeps one connection to one member, spread over the three.
 
 Figures per system, mix and client count: operations per second, p50 / p99 / max latency in
 ms (the average is not reported), errors (any answer but 200 / OK). The last line is the JSON
@@ -62,6 +66,10 @@ def free_port() -> int:
 
 def b64u(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
 
 
 class System(Protocol):
@@ -145,6 +153,83 @@ class Relay:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+
+
+class Etcd:
+    name = "etcd"
+
+    def __init__(self, work: Path) -> None:
+        binary = shutil.which("etcd")
+        if binary is None:
+            raise RuntimeError("no etcd (bench/setup-peers.sh installs etcd-server)")
+        peers = [free_port() for _ in range(3)]
+        self.urls = [f"http://127.0.0.1:{free_port()}" for _ in range(3)]
+        cluster = ",".join(f"m{i}=http://127.0.0.1:{port}" for i, port in enumerate(peers))
+        self.processes = []
+        for i, (peer, url) in enumerate(zip(peers, self.urls, strict=True)):
+            args = [
+                binary,
+                "--name",
+                f"m{i}",
+                "--data-dir",
+                str(work / f"etcd-{i}"),
+                "--listen-peer-urls",
+                f"http://127.0.0.1:{peer}",
+                "--initial-advertise-peer-urls",
+                f"http://127.0.0.1:{peer}",
+                "--listen-client-urls",
+                url,
+                "--advertise-client-urls",
+                url,
+                "--initial-cluster",
+                cluster,
+                "--initial-cluster-state",
+                "new",
+                "--initial-cluster-token",
+                "kv-bench",
+            ]
+            self.processes.append(
+                subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            )
+        deadline = time.monotonic() + 60
+        while not self._healthy():
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError("etcd did not become healthy within 60 s")
+            time.sleep(0.3)
+        self.clients: list[httpx.AsyncClient] = []
+
+    def _healthy(self) -> bool:
+        try:
+            return all(
+                httpx.get(f"{url}/health", timeout=2).json().get("health") == "true"
+                for url in self.urls
+            )
+        except (httpx.HTTPError, ValueError):
+            return False
+
+    async def open(self, workers: int) -> None:
+        self.clients = [
+            httpx.AsyncClient(base_url=self.urls[w % 3], timeout=30) for w in range(workers)
+        ]
+
+    async def write(self, worker: int, key: str, value: bytes) -> bool:
+        body = {"key": b64(key.encode()), "value": b64(value)}
+        return (await self.clients[worker].post("/v3/kv/put", json=body)).status_code == 200
+
+    async def read(self, worker: int, key: str) -> bool:
+        response = await self.clients[worker].post("/v3/kv/range", json={"key": b64(key.encode())})
+        return response.status_code == 200 and bool(response.json().get("kvs"))
+
+    async def close(self) -> None:
+        for client in self.clients:
+            await client.aclose()
+
+    def stop(self) -> None:
+        for process in self.processes:
+            process.terminate()
+        for process in self.processes:
+            process.wait(20)
 
 
 class Redis:
@@ -263,7 +348,7 @@ def main() -> None:
     parser.add_argument("--clients", default="4,16")
     parser.add_argument("--seconds", type=float, default=10)
     parser.add_argument("--value-bytes", type=int, default=256)
-    parser.add_argument("--only", action="append", choices=["relay", "redis"])
+    parser.add_argument("--only", action="append", choices=["relay", "etcd", "redis"])
     options = parser.parse_args()
     counts = [int(c) for c in options.clients.split(",")]
     keys = [f"key-{i}" for i in range(options.keys)]
@@ -274,7 +359,7 @@ def main() -> None:
         "seconds": options.seconds,
     }
     (ROOT / "var").mkdir(exist_ok=True)
-    for make in (Relay, Redis):
+    for make in (Relay, Etcd, Redis):
         if options.only and make.name not in options.only:
             continue
         with tempfile.TemporaryDirectory(dir=ROOT / "var", prefix="kv-bench-") as work:
@@ -288,6 +373,13 @@ def main() -> None:
                             summary[f"{make.name}_{mix_name}_c{clients}_{figure}"] = number
             finally:
                 system.stop()
+    for name, number in list(summary.items()):
+        if name.startswith("relay_") and name.endswith("_ops_per_s"):
+            for peer in ("etcd", "redis"):
+                theirs = summary.get(peer + name.removeprefix("relay"))
+                if theirs:
+                    ratio = name.removeprefix("relay_").removesuffix("_ops_per_s")
+                    summary[f"ratio_vs_{peer}_{ratio}"] = round(number / theirs, 3)
     report.emit(summary)
 
 

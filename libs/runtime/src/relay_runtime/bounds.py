@@ -4,6 +4,9 @@ Invariants:
 - a connection that has not finished its request headers within `header_timeout_s` (from its
   connect, or from the first byte of a kept-alive request) is closed: half-open connections
   cost a file descriptor for at most that long;
+- a request whose body is not complete within `body_timeout_s` of its headers is answered 408
+  `TIMEOUT` (unless the application already answered) and its connection closed, however
+  slowly its bytes keep coming;
 - past `max_connections` per process, or `max_connections_per_address` HTTP connections from
   one address, a new connection is answered 503 and closed without reading it;
 - the HTTP server's own refusals (unparseable bytes, bad request line, bad Content-Length,
@@ -14,7 +17,7 @@ Invariants:
 - a WebSocket whose handshake the application has not completed within `ws_handshake_timeout_s`
   of the upgrade is closed.
 
-uvicorn has no header-read timeout, no per-address limit and a plain-text 400, so the
+uvicorn has no header-read or body-read timeout, no per-address limit and a plain-text 400, so the
 httptools protocol is subclassed (`bounded_protocol`) and passed as `http=` to uvicorn.Config.
 """
 
@@ -45,6 +48,7 @@ DESCRIPTORS_KEPT_FREE = 256
 @dataclass(frozen=True)
 class Bounds:
     header_timeout_s: float
+    body_timeout_s: float
     max_header_bytes: int
     max_connections: int
     max_connections_per_address: int
@@ -104,6 +108,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     ) -> None:
         super().__init__(config, server_state, app_state, _loop)
         self.header_timer: asyncio.TimerHandle | None = None
+        self.body_timer: asyncio.TimerHandle | None = None
         self.awaiting_headers = True
         self.header_bytes = 0
         self.address: str | None = None
@@ -138,6 +143,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def release(self) -> None:
         self.cancel_header_timer()
+        self.cancel_body_timer()
         if self.address is not None:
             self.per_address[self.address] -= 1
             if self.per_address[self.address] <= 0:
@@ -172,6 +178,24 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self.header_timer = None
         if (self.awaiting_headers or self.between_requests()) and not self.transport.is_closing():
             log.info("connection_shed", reason="header_timeout", client=self.address)
+            self.transport.close()
+
+    # Body timeout
+
+    def cancel_body_timer(self) -> None:
+        if self.body_timer is not None:
+            self.body_timer.cancel()
+            self.body_timer = None
+
+    def body_timed_out(self) -> None:
+        self.body_timer = None
+        if self.transport.is_closing():
+            return
+        log.info("connection_shed", reason="body_timeout", client=self.address)
+        if self.cycle is not None and not self.cycle.response_started:
+            seconds = f"{self.bounds.body_timeout_s:g}"
+            self.refuse(408, "TIMEOUT", f"the request body did not arrive within {seconds} s")
+        else:
             self.transport.close()
 
     # Parsing
@@ -228,6 +252,9 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             self.refuse_large_headers()
             return
         super().on_headers_complete()
+        if not self.transport.is_closing():
+            # Cancelled by on_message_complete: at once for a request without a body.
+            self.body_timer = self.loop.call_later(self.bounds.body_timeout_s, self.body_timed_out)
 
     def on_body(self, body: bytes) -> None:
         if self.transport.is_closing() and self.cycle is None:
@@ -236,6 +263,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_message_complete(self) -> None:
         self.header_bytes = 0
+        self.cancel_body_timer()
         if self.transport.is_closing() and self.cycle is None:
             return
         super().on_message_complete()

@@ -130,6 +130,7 @@ def run_service(
         protocol = bounds.bounded_protocol(
             bounds.Bounds(
                 header_timeout_s=http.header_timeout_s,
+                body_timeout_s=http.body_timeout_s,
                 max_header_bytes=http.max_header_bytes,
                 max_connections=bounds.connection_ceiling(http.max_connections),
                 max_connections_per_address=http.max_connections_per_address,

@@ -36,6 +36,10 @@ class HttpSettings(BaseModel):
     header_timeout_s: float = Field(10.0, gt=0, le=300)
     """How long a connection may take to send a request's headers (from its connect, or from the
     first byte of a kept-alive request) before it is closed: half-open connections are shed."""
+    body_timeout_s: float = Field(30.0, gt=0, le=3600)
+    """How long a request may take to send its whole body once its headers are in (however
+    slowly bytes keep coming); past it the client gets 408 TIMEOUT if nothing was answered yet,
+    and the connection is closed: a body trickled a byte at a time cannot hold a connection."""
     keep_alive_timeout_s: int = Field(5, ge=1, le=300)
     """How long an idle kept-alive HTTP connection stays open between requests."""
     max_header_bytes: int = Field(32768, ge=1024, le=1 << 20)

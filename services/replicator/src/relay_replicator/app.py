@@ -102,7 +102,7 @@ def build(config: ReplicatorSettings) -> tuple[FastAPI, BusLifecycle]:
         readiness=readiness,
     )
     local = replica.LocalReplica(site, store, clock, _now_ms)
-    replicas = Replicas(local, peers)
+    replicas = Replicas(local, peers, kv.replica_timeout_s)
     coordinator = Coordinator(
         bus,
         config.instance,
@@ -133,6 +133,7 @@ def build(config: ReplicatorSettings) -> tuple[FastAPI, BusLifecycle]:
         readiness.set("store", False)
         await handoff.stop()
         await sync.stop()
+        await replicas.close()
         await peers.stop()
         await store.close()
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import secrets
 import time
 from collections.abc import Callable, Coroutine
@@ -46,6 +47,7 @@ from relay_durable.outcome import Outcome
 from relay_kv import codec as kv_codec
 from relay_kv import crdt, names, ops, placement, quorum
 from relay_kv.clock import HybridClock, Version
+from relay_replicator.peer_calls import PeerCalls
 from relay_replicator.peers import PeerError, Peers
 from relay_replicator.replica import LocalReplica, Refused
 
@@ -87,34 +89,48 @@ class CoordinatorSettings:
 
 
 class Replicas:
-    """Reaching a replica: this process directly, another over HTTP."""
+    """Reaching a replica: this process directly, another over HTTP (batched per peer:
+    `relay_replicator.peer_calls`; hints go alone)."""
 
-    def __init__(self, local: LocalReplica, peers: Peers) -> None:
+    def __init__(self, local: LocalReplica, peers: Peers, timeout_s: float) -> None:
         self.local = local
         self.peers = peers
+        self.peer_writes = PeerCalls(peers, "/internal/kv/write", "results", timeout_s)
+        self.peer_reads = PeerCalls(peers, "/internal/kv/read", "values", timeout_s)
 
     async def write(
         self, site: str, items: list[tuple[int, str, str, crdt.Value]], hint_for: str | None = None
     ) -> list[dict[str, Any]]:
         if site == self.local.site:
             return await self.local.write(items, hint_for)
-        body = {
-            "items": [
-                {"n": n, "ns": ns, "key": key, "value": kv_codec.to_json(value)}
-                for n, ns, key, value in items
-            ],
-            "hint_for": hint_for,
-        }
-        answer = await self.peers.call(site, "/internal/kv/write", body)
-        results: list[dict[str, Any]] = answer["results"]
-        return results
+        encoded = [
+            json.dumps(
+                {"n": n, "ns": ns, "key": key, "value": kv_codec.to_json(value)},
+                separators=(",", ":"),
+            )
+            for n, ns, key, value in items
+        ]
+        if hint_for is None:
+            results: list[dict[str, Any]] = await self.peer_writes.ask(site, encoded)
+            return results
+        body = '{"items":[' + ",".join(encoded) + '],"hint_for":' + json.dumps(hint_for) + "}"
+        answer = await self.peers.call(site, "/internal/kv/write", body.encode())
+        hinted: list[dict[str, Any]] = answer["results"]
+        return hinted
 
     async def read(self, site: str, items: list[tuple[int, str, str]]) -> list[crdt.Value | None]:
         if site == self.local.site:
             return self.local.read(items)
-        body = {"items": [{"n": n, "ns": ns, "key": key} for n, ns, key in items]}
-        answer = await self.peers.call(site, "/internal/kv/read", body)
-        return [None if v is None else kv_codec.from_json(v) for v in answer["values"]]
+        encoded = [
+            json.dumps({"n": n, "ns": ns, "key": key}, separators=(",", ":"))
+            for n, ns, key in items
+        ]
+        values = await self.peer_reads.ask(site, encoded)
+        return [None if v is None else kv_codec.from_json(v) for v in values]
+
+    async def close(self) -> None:
+        await self.peer_writes.close()
+        await self.peer_reads.close()
 
 
 class Coordinator:

@@ -29,6 +29,7 @@ from relay_kv.placement import View
 from relay_runtime.readiness import Readiness
 
 log = structlog.get_logger(__name__)
+_JSON = {"content-type": "application/json"}
 
 
 class PeerError(Exception):
@@ -139,14 +140,18 @@ class Peers:
 
     # -- calls -------------------------------------------------------------------------------
 
-    async def call(self, site: str, path: str, body: dict[str, Any]) -> Any:
-        """POST `body` to `site`'s `path`; its JSON answer, or `PeerError` (and the site is
-        marked down unless it answered with a 4xx: then it is up but refused this)."""
+    async def call(self, site: str, path: str, body: dict[str, Any] | bytes) -> Any:
+        """POST `body` (an object, or JSON already encoded) to `site`'s `path`; its JSON
+        answer, or `PeerError` (and the site is marked down unless it answered with a 4xx: then
+        it is up but refused this)."""
         url = self.sites.get(site)
         if url is None:
             raise PeerError(f"unknown site {site}")
         try:
-            response = await self.client.post(f"{url}{path}", json=body)
+            if isinstance(body, bytes):
+                response = await self.client.post(f"{url}{path}", content=body, headers=_JSON)
+            else:
+                response = await self.client.post(f"{url}{path}", json=body)
         except httpx.HTTPError as error:
             self.mark_down(site)
             raise PeerError(f"{site}: {type(error).__name__}") from None
