@@ -1,5 +1,6 @@
-"""The PySpark jobs: `rebuild_queues`, `rebuild_retained` and `verify`, over the archive's
-Parquet layout (`relay_archive.layout`, whose `partition=P` folders Spark reads as a column).
+"""The PySpark jobs: `rebuild_queues`, `rebuild_retained`, `rebuild_streams` and `verify`, over
+the archive's Parquet layout (`relay_archive.layout`, whose `partition=P` folders Spark reads as
+a column).
 
 How a rebuild runs: the requests of one epoch (deduplicated by partition and offset, then cut),
 left-joined with the first reply archived for each id, grouped by Kafka partition, each
