@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 
 from relay_archive import layout, reader
-from relay_archive.store import LocalStore
+from relay_archive.store import ArchiveStore, LocalStore
 from relay_bus import schemas, topics
 from relay_bus.bus import Bus
 from relay_runtime.readiness import Readiness
@@ -26,7 +26,7 @@ from tests.helpers import BIN, ROOT, Kafka, free_port, service_env
 PARTITIONS = 2
 
 
-def _env(kafka: Kafka, data_dir: Path, port: int) -> dict[str, str]:
+def _env(kafka: Kafka, data_dir: Path, port: int, **more: str) -> dict[str, str]:
     return service_env(
         **kafka.env(),
         RELAY_KAFKA__PARTITIONS=str(PARTITIONS),
@@ -38,15 +38,19 @@ def _env(kafka: Kafka, data_dir: Path, port: int) -> dict[str, str]:
         RELAY_ARCHIVE__ROLL_BYTES="6000",
         RELAY_ARCHIVE__LAG_INTERVAL_S="0.3",
         RELAY_INSTANCE="archiver-test",
+        **more,
     )
 
 
 @contextmanager
-def archiver(kafka: Kafka, data_dir: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+def archiver(
+    kafka: Kafka, data_dir: Path, **env: str
+) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """A `relay-archiver` process; `env`: more settings (RELAY_ARCHIVE__LOCATION, ...)."""
     port = free_port()
     process = subprocess.Popen(
         [str(BIN / "relay-archiver")],
-        env=_env(kafka, data_dir, port),
+        env=_env(kafka, data_dir, port, **env),
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -103,11 +107,11 @@ async def _produce(bus: Bus, start: int, count: int) -> None:
         await bus.send(topics.INGRESS_INBOX, deliver, partition=n % PARTITIONS)
 
 
-def _ends(store: LocalStore, epoch: str, topic: str) -> dict[int, int]:
+def _ends(store: ArchiveStore, epoch: str, topic: str) -> dict[int, int]:
     return reader.resume_points(store, epoch, topic)
 
 
-async def _caught_up(store: LocalStore, bus: Bus, timeout_s: float = 30) -> None:
+async def _caught_up(store: ArchiveStore, bus: Bus, timeout_s: float = 30) -> None:
     assert bus.epoch is not None
     deadline = time.monotonic() + timeout_s
     for topic in (topics.QUEUE_COMMANDS, topics.INGRESS_INBOX):
@@ -117,7 +121,7 @@ async def _caught_up(store: LocalStore, bus: Bus, timeout_s: float = 30) -> None
             await asyncio.sleep(0.1)
 
 
-def _check_complete(store: LocalStore, epoch: str, sent: int) -> None:
+def _check_complete(store: ArchiveStore, epoch: str, sent: int) -> None:
     commands = reader.scan(store, epoch, topics.QUEUE_COMMANDS)
     assert sorted(commands.table["id"].to_pylist()) == sorted(f"c{n}" for n in range(sent))
     for partition, cover in commands.coverage.items():

@@ -144,7 +144,7 @@ def test_temporary_files_are_never_listed_and_are_cleaned(tmp_path: Path) -> Non
 
 def test_object_store_path_through_pyarrow_fs(tmp_path: Path) -> None:
     """The object-storage code path (one PUT per file) on pyarrow's local filesystem: the same
-    listing, reading and resume rules. (No S3-compatible server runs in these tests.)"""
+    listing, reading and resume rules (over an S3 server: `tests/archive/test_s3.py`)."""
     store = ObjectStore(f"file://{tmp_path}/bucket")
     f = layout.ArchiveFile(SLOT, 0, 2)
     writer.write(store, f, [_row(o) for o in range(3)])

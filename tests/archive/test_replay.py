@@ -122,6 +122,44 @@ def test_retained_last_write_wins_empty_deletes_unanswered_uncertain() -> None:
     assert [u.subject for u in state.uncertain] == ["c"]
 
 
+def test_streams_keep_answered_writes_only() -> None:
+    def store(rid: str, *messages: tuple[str, str, int | None]) -> bytes:
+        return schemas.encode(
+            schemas.DsRequest(
+                id=rid,
+                **COMMON,
+                op="store",
+                db="messages",
+                messages=tuple(
+                    schemas.DsMessage(topic=t, payload=p, ts=ts) for t, p, ts in messages
+                ),
+            )
+        )
+
+    def answer(rid: str, status: int) -> bytes:
+        return schemas.encode(
+            schemas.DsReply(id=rid, origin="o", partition=0, instance="r", site="s", status=status)
+        )
+
+    read = schemas.encode(schemas.DsRequest(id="s9", **COMMON, op="streams", db="messages"))
+    items = [
+        replay.Answered(0, 0, store("s1", ("a", "MQ", 10), ("a", "MQ", 10)), answer("s1", 201)),
+        replay.Answered(0, 1, store("s2", ("b", "Mg", 20)), None),  # never answered
+        replay.Answered(0, 2, store("s3", ("c", "Mw", 30)), answer("s3", 400)),  # refused
+        replay.Answered(0, 3, store("s4", ("d", "NA", None)), answer("s4", 201)),  # no ts
+        replay.Answered(0, 4, read, answer("s9", 200)),
+        replay.Answered(0, 5, store("s1", ("a", "MQ", 10), ("a", "MQ", 10)), answer("s1", 201)),
+    ]
+    state = replay.replay_streams(items)
+    # both copies of s1 (a store keeps every copy written), once however often s1 was read
+    assert [(m.topic, m.payload, m.ts, m.request) for m in state.messages] == [
+        ("a", "MQ", 10, "s1"),
+        ("a", "MQ", 10, "s1"),
+    ]
+    assert [(u.command, u.op, u.subject) for u in state.uncertain] == [("s2", "stream", "messages")]
+    assert state.unstamped == 1
+
+
 def _tables(state: replay.QueueState) -> dict[str, pa.Table]:
     return {
         "queues": pa.Table.from_pylist(tables.queue_rows(state), schema=tables.QUEUES),

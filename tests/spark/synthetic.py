@@ -36,6 +36,7 @@ def make(
     per_file: int = 5_000,
     unanswered_every: int = 0,
     retained: int = 0,
+    streams: int = 0,
 ) -> Made:
     rnd = random.Random(seed)
     made = Made()
@@ -109,6 +110,27 @@ def make(
         )
         answer = schemas.DsReply(
             id=rid, origin="o", partition=0, instance="r", site="s", status=202
+        )
+        put(topics.INGRESS_INBOX, 0, schemas.encode(answer), ts)
+    for n in range(streams):  # durable-stream writes of two messages each
+        sid = f"s{n}"
+        topic = f"log/{n % 5}"
+        messages = tuple(
+            schemas.DsMessage(topic=topic, payload=ids.b64u(b"%d.%d" % (n, i)), ts=ts + n)
+            for i in range(2)
+        )
+        write = schemas.DsRequest(id=sid, **COMMON, op="store", db="messages", messages=messages)
+        put(
+            topics.PUBLICATIONS,
+            routing.partition_of_topic(topic, partitions),
+            schemas.encode(write),
+            ts,
+        )
+        if unanswered_every and n % unanswered_every == unanswered_every - 1:
+            made.unanswered.append(sid)
+            continue
+        answer = schemas.DsReply(
+            id=sid, origin="o", partition=0, instance="r", site="s", status=201
         )
         put(topics.INGRESS_INBOX, 0, schemas.encode(answer), ts)
     for (topic, partition), records in sorted(logs.items()):

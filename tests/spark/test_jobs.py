@@ -34,7 +34,9 @@ def spark() -> Iterator[SparkSession]:
 @pytest.fixture(scope="module")
 def archive(tmp_path_factory: pytest.TempPathFactory) -> tuple[LocalStore, synthetic.Made]:
     store = LocalStore(tmp_path_factory.mktemp("archive"))
-    made = synthetic.make(store, commands=4000, unanswered_every=101, retained=40, per_file=700)
+    made = synthetic.make(
+        store, commands=4000, unanswered_every=101, retained=40, streams=30, per_file=700
+    )
     # a second archiver's overlapping file during a hand-over: read once
     (f, *_) = [f for f in made.files if f.slot.topic == topics.QUEUE_COMMANDS and f.first == 0]
     copy = layout.ArchiveFile(f.slot, 0, 99)
@@ -80,8 +82,9 @@ def test_spark_rebuild_equals_the_plain_python_replay(
     rebuilt: tuple[Path, Path, tables.Cut], archive: tuple[LocalStore, synthetic.Made]
 ) -> None:
     spark_out, python_out, _ = rebuilt
-    for name in ("queues", "messages", "retained", "uncertain"):
+    for name in ("queues", "messages", "retained", "streams", "uncertain"):
         assert _sorted(spark_out, name) == _sorted(python_out, name), name
+    assert len(_sorted(spark_out, "streams")) == 2 * 30  # 30 writes of two messages
     assert len(_sorted(spark_out, "messages")) > 500
     uncertain = {r["command"] for r in tables.read_table(spark_out, "uncertain").to_pylist()}
     assert uncertain == set(archive[1].unanswered)
@@ -99,7 +102,7 @@ def _export(folder: Path, live: dict[str, list[dict[str, Any]]], cut: tables.Cut
 def _live(python_out: Path) -> dict[str, list[dict[str, Any]]]:
     return {
         name: tables.read_table(python_out, name).to_pylist()
-        for name in ("queues", "messages", "retained")
+        for name in ("queues", "messages", "retained", "streams")
     }
 
 
@@ -157,6 +160,32 @@ def test_a_lost_message_is_one_missing_and_a_flipped_payload_one_mismatch(
     assert missing["rebuilt"]["command"] == lost["command"]  # the send that put it there
     mismatch = next(d for d in doc["differences"] if d["klass"] == verify.MISMATCH)
     assert (mismatch["key"], mismatch["reason"]) == (flipped["topic"], "differs in payload")
+
+
+def test_a_lost_stream_message_is_missing_and_an_unwritten_one_extra(
+    spark: SparkSession,
+    rebuilt: tuple[Path, Path, tables.Cut],
+    archive: tuple[LocalStore, synthetic.Made],
+    tmp_path: Path,
+) -> None:
+    spark_out, python_out, cut = rebuilt
+    live = _live(python_out)
+    lost = live["streams"].pop(3)
+    invented = {**live["streams"][0], "topic": "log/invented", "request": None}
+    live["streams"].append(invented)
+    for engine in ("spark", "python"):
+        folder = _export(tmp_path / engine, live, cut)
+        if engine == "spark":
+            code, doc = _verify(spark, archive[0], cut, spark_out, folder)
+        else:
+            code, doc = jobs.verify_python(archive[0], cut, spark_out, folder)
+        assert code == 1, engine
+        assert doc["counts"] == {"MISSING": 1, "EXTRA": 1, "MISMATCH": 0, "EXPLAINED": 0}
+        missing = next(d for d in doc["differences"] if d["klass"] == verify.MISSING)
+        assert missing["key"] == f"messages/{lost['topic']}@{lost['ts']}"
+        assert missing["rebuilt"]["payload"] == lost["payload"]
+        extra = next(d for d in doc["differences"] if d["klass"] == verify.EXTRA)
+        assert extra["key"] == f"messages/log/invented@{invented['ts']}"
 
 
 def test_cli_exit_codes_reports_and_bad_input(

@@ -1,5 +1,6 @@
-"""The PySpark jobs: `rebuild_queues`, `rebuild_retained` and `verify`, over the archive's
-Parquet layout (`relay_archive.layout`, whose `partition=P` folders Spark reads as a column).
+"""The PySpark jobs: `rebuild_queues`, `rebuild_retained`, `rebuild_streams` and `verify`, over
+the archive's Parquet layout (`relay_archive.layout`, whose `partition=P` folders Spark reads as
+a column).
 
 How a rebuild runs: the requests of one epoch (deduplicated by partition and offset, then cut),
 left-joined with the first reply archived for each id, grouped by Kafka partition, each
@@ -133,6 +134,17 @@ def _replay_retained_partition(
         yield "uncertain", row
 
 
+def _replay_stream_partition(
+    item: tuple[int, Iterable[tuple[int, bytes, bytes | None]]],
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    answered = _in_order(item)
+    state = replay.replay_streams(answered)
+    for row in tables.stream_rows(state):
+        yield "streams", row
+    for row in tables.uncertain_rows(state.uncertain):
+        yield "uncertain", row
+
+
 def _write(spark: SparkSession, produced: Any, modes: dict[str, str], out: Path) -> dict[str, int]:
     """Each table's rows into `out/<table>/` (mode `overwrite`, or `append` to add a part)."""
     produced = produced.cache()
@@ -172,16 +184,29 @@ def rebuild_retained(
     return _write(spark, produced, {"retained": "overwrite", "uncertain": "append"}, out)
 
 
+def rebuild_streams(
+    spark: SparkSession, store: ArchiveStore, cut: tables.Cut, out: Path
+) -> dict[str, int]:
+    """Durable-stream messages of every acknowledged write into `out/streams/`; unanswered
+    writes are added to `out/uncertain/` (run after `rebuild_queues`)."""
+    everything = tables.Cut(cut.epoch, cut.at_ms, None)
+    frame = _answered(spark, store, everything, topics.PUBLICATIONS, ["ds_request"], "ds_reply")
+    produced = _grouped(frame).flatMap(_replay_stream_partition)
+    return _write(spark, produced, {"streams": "overwrite", "uncertain": "append"}, out)
+
+
 def rebuild(spark: SparkSession, store: ArchiveStore, cut: tables.Cut, out: Path) -> dict[str, int]:
-    """Both rebuilds into one folder of tables (`uncertain` holding both kinds), and the cut
+    """Every rebuild into one folder of tables (`uncertain` holding every kind), and the cut
     they stand at (`cut.json`, what a restore marks)."""
     queues = rebuild_queues(spark, store, cut, out)
     retained = rebuild_retained(spark, store, cut, out)
+    streams = rebuild_streams(spark, store, cut, out)
     (out / "cut.json").write_text(cut.to_json())
     return {
         **queues,
         "retained": retained["retained"],
-        "uncertain": queues["uncertain"] + retained["uncertain"],
+        "streams": streams["streams"],
+        "uncertain": queues["uncertain"] + retained["uncertain"] + streams["uncertain"],
     }
 
 
@@ -189,11 +214,15 @@ def rebuild_python(store: ArchiveStore, cut: tables.Cut, out: Path) -> dict[str,
     """The same tables from the plain-Python rebuild (`relay_archive.rebuild`)."""
     queues = rebuild_module.rebuild_queues(store, cut)
     retained = rebuild_module.rebuild_retained(store, cut)
+    streams = rebuild_module.rebuild_streams(store, cut)
     written = {
         "queues": tables.queue_rows(queues),
         "messages": tables.message_rows(queues),
         "retained": tables.retained_rows(retained),
-        "uncertain": tables.uncertain_rows(queues.uncertain + retained.uncertain),
+        "streams": tables.stream_rows(streams),
+        "uncertain": tables.uncertain_rows(
+            queues.uncertain + retained.uncertain + streams.uncertain
+        ),
     }
     for name, table_rows in written.items():
         shutil.rmtree(out / name, ignore_errors=True)
@@ -245,6 +274,35 @@ def _differing(
     return found
 
 
+def _stream_differences(
+    spark: SparkSession, rebuilt: Path, live: Path, uncertain: verify.Uncertainty
+) -> list[verify.Difference]:
+    """Stream messages held a different number of times by the rebuild and live: each side
+    counted per `verify.STREAM_KEY` by Spark, the few unequal counts classified on the driver."""
+    schema = spark_schema(tables.SCHEMAS["streams"])
+    key = list(verify.STREAM_KEY)
+
+    def counted(folder: Path, column: str) -> DataFrame:
+        parts = folder / "streams"
+        frame = (
+            spark.read.schema(schema).parquet(str(parts))
+            if parts.is_dir() and any(parts.glob("*.parquet"))
+            else spark.createDataFrame([], schema)
+        )
+        return frame.groupBy(*key).agg(F.count("*").alias(column))
+
+    joined = counted(rebuilt, "rebuilt").join(counted(live, "live"), key, "full_outer")
+    unequal = joined.fillna(0, ["rebuilt", "live"]).where(F.col("rebuilt") != F.col("live"))
+    found = []
+    for row in unequal.collect():
+        values = row.asDict()
+        message = {f: values[f] for f in key}
+        difference = verify.classify_stream(message, values["rebuilt"], values["live"], uncertain)
+        if difference is not None:
+            found.append(difference)
+    return found
+
+
 def verify_job(
     spark: SparkSession, store: ArchiveStore, cut: tables.Cut, rebuilt: Path, live: Path
 ) -> tuple[int, dict[str, Any]]:
@@ -262,6 +320,7 @@ def verify_job(
                 found = verify.classify_retained(mine, theirs, uncertain, cut.at_ms)
             if found is not None:
                 differences.append(found)
+    differences.extend(_stream_differences(spark, rebuilt, live, uncertain))
     differences.sort(key=lambda d: (d.what, d.key))
     health = verify.check_archive(store, cut)
     code = verify.exit_code(health, differences)
@@ -282,7 +341,7 @@ def verify_python(
     store: ArchiveStore, cut: tables.Cut, rebuilt: Path, live: Path
 ) -> tuple[int, dict[str, Any]]:
     """The same verdict with the plain-Python comparison (`relay_archive.verify.compare`)."""
-    names = ("queues", "messages", "retained", "uncertain")
+    names = ("queues", "messages", "retained", "streams", "uncertain")
     mine = {n: tables.read_table(rebuilt, n) for n in names}
     theirs = {n: tables.read_table(live, n) for n in names}
     differences = verify.compare(mine, theirs, cut.at_ms)

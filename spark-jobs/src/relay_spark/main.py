@@ -3,12 +3,17 @@ run).
 
     relay-spark rebuild --archive DIR|URI [--export DIR] [--epoch E] --out DIR
     relay-spark verify  --archive DIR|URI --export DIR --rebuilt DIR --report DIR
+    relay-spark audit   --archive DIR|URI --kafka HOST:PORT[,...] [--topic-prefix P]
 
 `--engine python` runs the plain-Python replay instead of Spark (the reference and the
 benchmark's baseline); `--master` picks the Spark master (`local[2]` by default).
 
+`audit` reads the topics with Spark's Kafka connector and checks that the archive covers every
+offset Kafka still holds (offsets past the archiver's resume point are only pending).
+
 Exit codes: verify 0 clean, 1 differences that are errors, 2 the archive has gaps or damaged
-files; any job 64 for bad arguments or input (one line saying what is wrong, nothing written).
+files; audit 0 clean, 2 gaps; any job 64 for bad arguments or input (one line saying what is
+wrong, nothing written).
 """
 
 from __future__ import annotations
@@ -71,11 +76,18 @@ def main(argv: list[str] | None = None) -> None:
     verify_cmd = commands.choices["verify"]
     verify_cmd.add_argument("--rebuilt", type=Path, required=True)
     verify_cmd.add_argument("--report", type=Path, required=True)
+    audit_cmd = commands.add_parser("audit")
+    audit_cmd.add_argument("--archive", required=True, help="archive folder or pyarrow.fs URI")
+    audit_cmd.add_argument("--kafka", required=True, help="bootstrap servers HOST:PORT[,...]")
+    audit_cmd.add_argument("--topic-prefix", default="", help="RELAY_KAFKA__TOPIC_PREFIX")
+    audit_cmd.add_argument("--master", default="local[2]")
     args = parser.parse_args(argv)
 
     if "://" not in args.archive and not Path(args.archive).is_dir():
         _fail(f"--archive {args.archive}: no such folder")
     store = open_store(args.archive)
+    if args.command == "audit":
+        _audit(store, args.kafka, args.topic_prefix, args.master)
     cut = _cut(store, args.export, getattr(args, "epoch", None))
     started = time.monotonic()
     if args.command == "rebuild":
@@ -103,6 +115,24 @@ def main(argv: list[str] | None = None) -> None:
     print(
         json.dumps({"verdict": doc["verdict"], "counts": doc["counts"], "report": str(args.report)})
     )
+    raise SystemExit(code)
+
+
+def _audit(store: ArchiveStore, bootstrap: str, prefix: str, master: str) -> NoReturn:
+    from py4j.protocol import Py4JJavaError
+    from pyspark.errors import PySparkException
+
+    from relay_spark import audit
+    from relay_spark.session import session
+
+    try:
+        jars = audit.connector_jars()
+        code, doc = audit.run(session(master, jars=jars), store, bootstrap, prefix)
+    except audit.AuditError as error:
+        _fail(str(error))
+    except (Py4JJavaError, PySparkException) as error:  # one line, not a JVM trace
+        _fail(f"reading Kafka at {bootstrap} failed: {str(error).strip().splitlines()[0][:300]}")
+    print(json.dumps({k: doc[k] for k in ("epoch", "verdict", "counts", "gaps", "pending")}))
     raise SystemExit(code)
 
 

@@ -10,11 +10,21 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Sequence
+from pathlib import Path
 
 from pyspark.sql import SparkSession
 
 
-def session(master: str = "local[2]", *, ui: bool = False, app: str = "relay") -> SparkSession:
+def session(
+    master: str = "local[2]",
+    *,
+    ui: bool = False,
+    app: str = "relay",
+    jars: Sequence[Path] = (),
+) -> SparkSession:
+    """`jars`: more jars for the driver and executors (the Kafka connector's); they count only
+    when this call creates the session."""
     # Python workers are started by the JVM from PYSPARK_PYTHON (in local mode the
     # `spark.pyspark.python` setting is read only by spark-submit): this interpreter, so they
     # see this virtual environment's packages. The JVM inherits it when the session starts.
@@ -27,6 +37,8 @@ def session(master: str = "local[2]", *, ui: bool = False, app: str = "relay") -
         .config("spark.sql.shuffle.partitions", "8")
         .config("spark.sql.session.timeZone", "UTC")
     )
+    if jars:
+        builder = builder.config("spark.jars", ",".join(str(j) for j in jars))
     if master.startswith("local"):
         builder = builder.config("spark.driver.host", "127.0.0.1").config(
             "spark.driver.bindAddress", "127.0.0.1"

@@ -30,6 +30,8 @@ class SuiteState(BaseModel):
     pid: int
     ingress_url: str
     children: list[ChildState]
+    kafka: str = ""
+    """The bootstrap servers the services use (empty in files written before it was kept)."""
 
 
 def state_path(data_dir: Path) -> Path:

@@ -310,6 +310,7 @@ class Suite:
             state.SuiteState(
                 pid=os.getpid(),
                 ingress_url=self.ingress_url,
+                kafka=self.bootstrap,
                 children=[
                     state.ChildState(name=c.name, pid=c.pid, port=c.port, probe_url=c.probe_url)
                     for c in self.children

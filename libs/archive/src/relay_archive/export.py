@@ -24,6 +24,10 @@ from relay_journal.journal import QueueJournal
 from relay_journal.settings import JournalSettings
 from relay_storelog.store import StoreLog, StoreLogSettings
 from relay_streams.retained import RetainedStore
+from relay_streams.store import StreamStore
+
+PAGE = 10_000
+"""Messages read per `next` call of a stream export."""
 
 CUT_FILE = "cut-{name}.json"
 
@@ -83,7 +87,8 @@ def export_queue_writer(data_dir: Path, out: Path, name: str, at_ms: int) -> tab
 
 def export_retainer(data_dir: Path, out: Path, name: str) -> int:
     """Write `<out>/retained/<name>.parquet` (every retained message, expired ones included:
-    verify explains them); returns how many."""
+    verify explains them) and `<out>/streams/<name>.parquet` (every durable-stream message);
+    returns how many retained messages."""
     if not (data_dir / "retained").is_dir():
         raise ExportError(f"{data_dir}: not a retainer data dir (no retained/)")
     rows = []
@@ -98,7 +103,34 @@ def export_retainer(data_dir: Path, out: Path, name: str) -> int:
                 }
             )
     tables.write_table(out, "retained", rows, name)
+    if (data_dir / "streams").is_dir():
+        tables.write_table(out, "streams", stream_rows(data_dir / "streams"), name)
     return len(rows)
+
+
+def stream_rows(root: Path) -> list[dict[str, object]]:
+    """Every message of every database of a stream store (`relay_streams`), through its
+    iterators. Topics whose first level starts with `$` are not matched by `#` (MQTT) and are
+    not exported."""
+    store = StreamStore(root)
+    rows: list[dict[str, object]] = []
+    try:
+        for db in store.list_dbs():
+            store.open_db(db)
+            for ranked in store.get_streams(db, "#"):
+                iterator = store.make_iterator(db, ranked.stream, "#")
+                while True:
+                    page = store.next(db, iterator, PAGE)
+                    rows.extend(
+                        {"db": db, "topic": m.topic, "ts": m.ts, "payload": codec.b64u(m.payload)}
+                        for m in page.messages
+                    )
+                    if not page.messages:
+                        break
+                    iterator = page.iterator
+    finally:
+        store.close()
+    return rows
 
 
 def read_cut(out: Path, at_ms: int) -> tables.Cut:

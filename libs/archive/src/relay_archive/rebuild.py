@@ -47,3 +47,9 @@ def rebuild_retained(store: ArchiveStore, cut: tables.Cut) -> replay.RetainedSta
     publications = reader.scan(store, cut.epoch, topics.PUBLICATIONS, kinds=kinds).table
     replies = first_replies(store, cut.epoch, "ds_reply")
     return replay.replay_retained(answered(publications, replies, None))
+
+
+def rebuild_streams(store: ArchiveStore, cut: tables.Cut) -> replay.StreamState:
+    requests = reader.scan(store, cut.epoch, topics.PUBLICATIONS, kinds=["ds_request"]).table
+    replies = first_replies(store, cut.epoch, "ds_reply")
+    return replay.replay_streams(answered(requests, replies, None))

@@ -268,3 +268,72 @@ def replay_retained(
         elif reply.status in (202, 204):
             state.topics.pop(record.topic, None)
     return state
+
+
+@dataclass(frozen=True)
+class StreamMessage:
+    """One acknowledged durable-stream message (a message of an answered `store` request)."""
+
+    db: str
+    topic: str
+    ts: int
+    payload: str
+    """b64u."""
+    request: str
+    partition: int
+    offset: int
+
+
+@dataclass
+class StreamState:
+    messages: list[StreamMessage] = field(default_factory=list)
+    """In partition and offset order, each request's messages in its order."""
+    uncertain: list[Uncertain] = field(default_factory=list)
+    unreadable: int = 0
+    unstamped: int = 0
+    """Acknowledged messages without `ts` (written before the ingress stamped every write: the
+    retainer's clock gave them their ts, which the archive does not hold); not rebuilt."""
+    seen: set[str] = field(default_factory=set)
+    position: dict[int, int] = field(default_factory=dict)
+
+
+def replay_streams(answered: Iterable[Answered], state: StreamState | None = None) -> StreamState:
+    """Collect durable-stream writes (`ds_request` `store`) with their answers, in partition
+    order: a write answered 201 adds its messages, one never answered is uncertain, a refused
+    one adds nothing."""
+    state = state or StreamState()
+    for item in answered:
+        _check_order(state.position, item)
+        record = _decode(item.request)
+        if record is None:
+            state.unreadable += 1
+            continue
+        if not (isinstance(record, schemas.DsRequest) and record.op == "store"):
+            continue
+        if record.id in state.seen:
+            continue
+        state.seen.add(record.id)
+        reply = _decode(item.reply) if item.reply is not None else None
+        if not isinstance(reply, schemas.DsReply):
+            state.uncertain.append(
+                Uncertain(item.partition, item.offset, record.id, "stream", record.db)
+            )
+            continue
+        if reply.status != 201:
+            continue
+        for message in record.messages:
+            if message.ts is None:
+                state.unstamped += 1
+                continue
+            state.messages.append(
+                StreamMessage(
+                    record.db,
+                    message.topic,
+                    message.ts,
+                    message.payload,
+                    record.id,
+                    item.partition,
+                    item.offset,
+                )
+            )
+    return state

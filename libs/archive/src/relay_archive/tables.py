@@ -51,6 +51,17 @@ RETAINED = pa.schema(
         pa.field("offset", pa.int64()),
     ]
 )
+STREAMS = pa.schema(
+    [
+        pa.field("db", pa.string(), nullable=False),
+        pa.field("topic", pa.string(), nullable=False),
+        pa.field("ts", pa.int64(), nullable=False),
+        pa.field("payload", pa.string(), nullable=False),
+        pa.field("request", pa.string()),
+        pa.field("partition", pa.int32()),
+        pa.field("offset", pa.int64()),
+    ]
+)
 UNCERTAIN = pa.schema(
     [
         pa.field("partition", pa.int32(), nullable=False),
@@ -61,7 +72,13 @@ UNCERTAIN = pa.schema(
         pa.field("msg_id", pa.string(), nullable=False),
     ]
 )
-SCHEMAS = {"queues": QUEUES, "messages": MESSAGES, "retained": RETAINED, "uncertain": UNCERTAIN}
+SCHEMAS = {
+    "queues": QUEUES,
+    "messages": MESSAGES,
+    "retained": RETAINED,
+    "streams": STREAMS,
+    "uncertain": UNCERTAIN,
+}
 
 
 @dataclass(frozen=True)
@@ -108,6 +125,14 @@ def retained_rows(state: replay.RetainedState) -> list[dict[str, Any]]:
         {k: v for k, v in asdict(m).items() if k in RETAINED.names}
         for m in sorted(state.topics.values(), key=lambda m: m.topic)
     ]
+
+
+def stream_rows(state: replay.StreamState) -> list[dict[str, Any]]:
+    """Sorted by (db, topic, ts, payload): the order a store's replay has no say in."""
+    return sorted(
+        (asdict(m) for m in state.messages),
+        key=lambda r: (r["db"], r["topic"], r["ts"], r["payload"]),
+    )
 
 
 def uncertain_rows(uncertain: list[replay.Uncertain]) -> list[dict[str, Any]]:

@@ -35,7 +35,7 @@ Row = dict[str, Any]
 @dataclass(frozen=True)
 class Difference:
     what: str
-    """`queue`, `message` or `retained`."""
+    """`queue`, `message`, `retained` or `stream`."""
     key: str
     klass: str
     reason: str
@@ -56,6 +56,8 @@ class Uncertainty:
     """Queues an unanswered delete names: all their messages may be gone."""
     topics: frozenset[str] = frozenset()
     """Retained topics an unanswered publish or delete names."""
+    stream_dbs: frozenset[str] = frozenset()
+    """Durable-stream databases an unanswered write names (its messages may be stored)."""
 
     @staticmethod
     def of(rows: list[Row]) -> Uncertainty:
@@ -67,6 +69,7 @@ class Uncertainty:
             queues=subjects("create", "suspend", "delete"),
             deleted=subjects("delete"),
             topics=subjects("retain"),
+            stream_dbs=subjects("stream"),
         )
 
 
@@ -137,6 +140,37 @@ def classify_retained(
     return Difference("retained", either["topic"], klass, reason, rebuilt, live)
 
 
+STREAM_KEY = ("db", "topic", "ts", "payload")
+"""A stream message's identity: a store keeps every copy written, so copies are counted."""
+
+
+def classify_stream(
+    message: Row, rebuilt: int, live: int, uncertain: Uncertainty
+) -> Difference | None:
+    """`message` (its `STREAM_KEY` fields) held `rebuilt` times by the rebuild, `live` times
+    live. Fewer live than acknowledged is MISSING; more live is EXTRA, unless an unanswered
+    write to that database may have stored them."""
+    if rebuilt == live:
+        return None
+    key = f"{message['db']}/{message['topic']}@{message['ts']}"
+    mine = {**message, "count": rebuilt} if rebuilt else None
+    theirs = {**message, "count": live} if live else None
+    if rebuilt > live:
+        reason = f"{rebuilt} acknowledged, {live} live"
+        return Difference("stream", key, MISSING, reason, mine, theirs)
+    if message["db"] in uncertain.stream_dbs:
+        reason = f"uncertain write ({live} live, {rebuilt} acknowledged)"
+        return Difference("stream", key, EXPLAINED, reason, mine, theirs)
+    reason = f"{live} live, {rebuilt} acknowledged"
+    return Difference("stream", key, EXTRA, reason, mine, theirs)
+
+
+def _stream_counts(table: pa.Table) -> Counter[tuple[Any, ...]]:
+    return Counter(
+        tuple(row[f] for f in STREAM_KEY) for row in table.select(STREAM_KEY).to_pylist()
+    )
+
+
 def _by(table: pa.Table, key: str) -> dict[str, Row]:
     return {row[key]: row for row in table.to_pylist()}
 
@@ -166,6 +200,12 @@ def compare(
         mine, theirs = _by(rebuilt[name], key), _by(live[name], key)
         for k in sorted(mine.keys() | theirs.keys()):
             found.append(classify(mine.get(k), theirs.get(k)))
+    none = tables.STREAMS.empty_table()
+    mine_streams = _stream_counts(rebuilt.get("streams", none))
+    live_streams = _stream_counts(live.get("streams", none))
+    for held in sorted(mine_streams.keys() | live_streams.keys()):
+        row = dict(zip(STREAM_KEY, held, strict=True))
+        found.append(classify_stream(row, mine_streams[held], live_streams[held], uncertain))
     return [d for d in found if d is not None]
 
 
