@@ -109,27 +109,48 @@ async def test_a_queue_writer_start_resyncs_its_partition_without_ends(redis_url
     await redis.aclose()
 
 
-async def test_a_notice_of_an_unseen_sub_asks_for_a_resync(redis_url: str) -> None:
-    redis = client.connect(redis_url)
-    bus = RecordingBus()
-    pushes = Pushes(bus, Subscriptions(redis), PARTITIONS, "delivery-0")
-    handle = pushes.handler(_no_ping)
-    queue = _queue_on(0)
+async def _until_posted(bus: RecordingBus, count: int) -> None:
+    for _ in range(200):
+        if len(bus.posted) >= count:
+            return
+        await asyncio.sleep(0.02)
 
-    def notice(conn: str, since: int) -> Received:
+
+async def test_a_notice_of_an_unseen_sub_asks_for_a_resync_if_the_registry_names_it(
+    redis_url: str,
+) -> None:
+    redis = client.connect(redis_url)
+    registry = Subscriptions(redis)
+    bus = RecordingBus()
+    pushes = Pushes(bus, registry, PARTITIONS, "delivery-0")
+    handle = pushes.handler(_no_ping)
+    queue, gone = _queue_on(0), _queue_on(0)
+
+    def notice(queue: str, conn: str, since: int) -> Received:
         record = schemas.QueueEvent(event="registered", queue=queue, slot=1, conn=conn, since=since)
         return Received(topics.QUEUE_EVENTS, 0, since, None, record)
 
-    await handle(notice("missed", 40))
+    await registry.claim(0, queue, 1, "missed", 40)
+    await handle(notice(queue, "missed", 40))
+    await _until_posted(bus, 1)
     assert _resyncs(bus) == [(queue, 1, "missed", 40)]
+    await handle(notice(gone, "closed", 41))  # its connection closed since: nothing
     seen = schemas.QueueEvent(
         event="subscribed", queue=queue, lsn=1, head=None, slot=1, conn="seen", since=50
     )
-    await handle(Received(topics.QUEUE_EVENTS, 0, 41, None, seen))
-    await handle(notice("seen", 50))
-    assert len(_resyncs(bus)) == 1
-    await handle(notice("missed", 40))  # older than the SUB in force: END, no resync
-    assert len(_resyncs(bus)) == 1
+    await handle(Received(topics.QUEUE_EVENTS, 0, 42, None, seen))
+    await handle(notice(queue, "seen", 50))  # seen already: nothing
+    await handle(notice(queue, "missed", 40))  # older than the SUB in force: END
+    await _until_posted(bus, 2)
     assert _ends(bus) == [(queue, "missed", 1)]
+    # A notice read again after a restart, of a subscriber the registry says was replaced.
+    await registry.claim(0, queue, 1, "seen", 50)
+    fresh = Pushes(bus, registry, PARTITIONS, "delivery-1")
+    await fresh.handler(_no_ping)(notice(queue, "missed", 40))
+    await _until_posted(bus, 3)
+    assert _ends(bus) == [(queue, "missed", 1), (queue, "missed", 1)]
+    assert len(_resyncs(bus)) == 1
+    assert len(bus.posted) == 3
+    await fresh.close()
     await pushes.close()
     await redis.aclose()

@@ -24,8 +24,11 @@ from typing import Any
 
 import httpx
 import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 from websockets.asyncio.client import ClientConnection
 
+from relay_bus import topics
 from relay_journal.journal import QueueJournal
 from relay_journal.settings import JournalSettings
 from relay_queues import ids
@@ -68,6 +71,35 @@ def _kill(running: helpers.Running, name: str) -> int:
     pid = _pid(running, name)
     os.kill(pid, signal.SIGKILL)
     return pid
+
+
+async def _delivery_caught_up(running: helpers.Running) -> None:
+    """Wait until delivery's group has committed every event written so far: a delivery killed
+    now replays nothing (a replayed `subscribed` event would hand the old subscriber its END by
+    itself, and the test would not show that the registry does)."""
+    broker = next(c for c in running.state.children if c.name == "broker")
+    bootstrap = f"127.0.0.1:{broker.port}"
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await consumer.start()
+    await admin.start()
+    try:
+        (described,) = await admin.describe_topics([topics.QUEUE_EVENTS])
+        partitions = sorted(p["partition"] for p in described["partitions"])
+        tps = [TopicPartition(topics.QUEUE_EVENTS, p) for p in partitions]
+        assert tps
+        ends = await consumer.end_offsets(tps)
+        deadline = time.monotonic() + BACK_S
+        while True:
+            offsets = await admin.list_consumer_group_offsets("relay.delivery")
+            committed = {tp: meta.offset for tp, meta in offsets.items() if tp in ends}
+            if all(committed.get(tp, 0) >= end for tp, end in ends.items()):
+                return
+            assert time.monotonic() < deadline, (committed, ends)
+            await asyncio.sleep(0.1)
+    finally:
+        await consumer.stop()
+        await admin.close()
 
 
 def _restarted(running: helpers.Running, name: str, old_pid: int) -> None:
@@ -151,6 +183,7 @@ def test_a_second_bound_sub_in_the_same_second_takes_over_and_the_first_gets_end
             assert await recv(first) == {"id": "first", "ok": True}
             assert _is_msg(r, in_flight)(await recv(first))
             if kill_delivery:
+                await _delivery_caught_up(running)
                 old = _kill(running, "relay-delivery-0")
             await send(second, r.sub("second", ts=ts, session=await _hello(second)))
             assert await recv(second) == {"id": "second", "ok": True}

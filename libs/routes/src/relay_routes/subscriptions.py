@@ -117,6 +117,10 @@ class Subscriptions:
             pipe.hset(key(partition), queue, f"{value(slot, conn)}|{since}|")
         await pipe.execute()
 
+    async def of_queue(self, partition: int, queue: str) -> Entry | None:
+        raw = await self.redis.hget(key(partition), queue)
+        return None if raw is None else parse(_text(raw))
+
     async def of_partition(self, partition: int) -> dict[str, Entry]:
         raw: dict[Any, Any] = await self.redis.hgetall(key(partition))
         return {_text(q): parse(_text(v)) for q, v in raw.items()}

@@ -12,7 +12,8 @@ Invariants:
   the instance that saw the takeover may have died before sending it;
 - a subscription whose `subscribed` event this instance did not see (it took the partition over
   between that event and the ingress's registry write) is resynced when the ingress's
-  `registered` notice arrives;
+  `registered` notice arrives, if the registry still names it (a notice read again after a
+  restart may be of a subscriber taken over since: that one gets END, not the queue);
 - when a queue-writer says it started on a partition (`writer_started`: the events it had made
   durable but not sent died with its predecessor), every subscription the registry lists for
   the partition is resynced, so a head that changed meanwhile reaches its subscriber.
@@ -21,6 +22,8 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Coroutine
+from typing import Any
 
 import structlog
 from redis.exceptions import RedisError
@@ -57,9 +60,30 @@ class Pushes:
         return offsets
 
     def _start_resync(self, partitions: list[int], *, end_previous: bool) -> None:
-        task = asyncio.create_task(self._resync(partitions, end_previous), name="resync")
+        self._start(self._resync(partitions, end_previous), "resync")
+
+    def _start(self, work: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.create_task(work, name=name)
         self._resyncs.add(task)
         task.add_done_callback(self._resyncs.discard)
+
+    async def _confirm(self, queue: str, subscriber: Subscriber, since: int) -> None:
+        """A notice of a SUB this instance has not seen: resync it if the registry names it
+        still, END it if the registry names a later subscriber, nothing if it is gone."""
+        partition = ids.partition_of(queue, self.partitions)
+        while True:
+            try:
+                entry = await self.subscriptions.of_queue(partition, queue)
+                break
+            except (RedisError, OSError) as error:
+                log.warning("resync_waiting_for_redis", error=str(error))
+                await asyncio.sleep(RESYNC_RETRY_S)
+        if entry is None:
+            return
+        if (entry.slot, entry.conn) == (subscriber.slot, subscriber.conn):
+            self._ask_resync(queue, subscriber, max(since, entry.since))
+        elif entry.since > since:
+            self._push(Push(subscriber, Frame.END, queue))
 
     async def _resync(self, partitions: list[int], end_previous: bool) -> None:
         pending = list(partitions)
@@ -117,7 +141,7 @@ class Pushes:
             case "registered" if subscriber is not None:
                 pushes, missed = d.registered(queue, subscriber, event.since)
                 if missed:
-                    self._ask_resync(queue, subscriber, event.since)
+                    self._start(self._confirm(queue, subscriber, event.since), "confirm")
             case "changed":
                 pushes = d.changed(queue, lsn, event.head)
             case "read":
