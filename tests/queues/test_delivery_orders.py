@@ -9,7 +9,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule
 
-from relay_queues.delivery import Deliveries, Frame, Head, Push, Subscriber
+from relay_queues.delivery import Deliveries, Frame, Head, Push, Subscriber, confirm_notice
 from tests.queues.test_delivery import DeliveryMachine, Q
 
 
@@ -101,3 +101,13 @@ def test_subs_without_orders_take_over_as_they_arrive() -> None:
     assert d.subscribed(Q, 1, head, a) == [Push(a, Frame.MSG, Q, head)]
     assert d.subscribed(Q, 2, head, a) == []
     assert d.subscribed(Q, 3, head, b) == [Push(a, Frame.END, Q), Push(b, Frame.MSG, Q, head)]
+
+
+def test_a_notice_never_seen_is_checked_against_the_registry() -> None:
+    a, b = Subscriber(0, "a"), Subscriber(1, "b")
+    assert confirm_notice(Q, a, 10, a, 10) == ([], 10)  # listed: resync it
+    assert confirm_notice(Q, a, 10, a, 30) == ([], 30)  # listed with a later SUB of its own
+    assert confirm_notice(Q, a, 10, b, 20) == ([Push(a, Frame.END, Q)], None)  # replaced
+    assert confirm_notice(Q, a, 10, None, 0) == ([], None)  # left since
+    # a left since, and an older SUB written late took the empty entry: nothing for a
+    assert confirm_notice(Q, a, 30, b, 20) == ([], None)

@@ -55,6 +55,23 @@ def acked_already(head: Head, last_acked: str | None) -> bool:
     return head.msg_id == last_acked
 
 
+def confirm_notice(
+    queue: str, subscriber: Subscriber, since: int, listed: Subscriber | None, listed_since: int
+) -> tuple[list[Push], int | None]:
+    """A `registered` notice of a SUB this instance never saw (`Deliveries.registered`), checked
+    against what the registry lists for the queue now (`listed`, None when nothing): the
+    pushes, and the order to resync the subscriber with (None: no resync). The registry names
+    it: resync. It names a later SUB: the notice is old (read again after a restart), END. It
+    names nothing: the subscriber left since, nothing."""
+    if listed is None:
+        return [], None
+    if listed == subscriber:
+        return [], max(since, listed_since)
+    if listed_since > since:
+        return [Push(subscriber, Frame.END, queue)], None
+    return [], None
+
+
 class Frame(Enum):
     MSG = "MSG"
     END = "END"

@@ -32,7 +32,7 @@ from relay_bus import schemas, topics
 from relay_bus.bus import Bus
 from relay_bus.consumers import Handler, Received
 from relay_queues import ids
-from relay_queues.delivery import Deliveries, Frame, Push, Subscriber
+from relay_queues.delivery import Deliveries, Frame, Push, Subscriber, confirm_notice
 from relay_routes.subscriptions import Subscriptions
 
 log = structlog.get_logger(__name__)
@@ -78,12 +78,14 @@ class Pushes:
             except (RedisError, OSError) as error:
                 log.warning("resync_waiting_for_redis", error=str(error))
                 await asyncio.sleep(RESYNC_RETRY_S)
-        if entry is None:
-            return
-        if (entry.slot, entry.conn) == (subscriber.slot, subscriber.conn):
-            self._ask_resync(queue, subscriber, max(since, entry.since))
-        elif entry.since > since:
-            self._push(Push(subscriber, Frame.END, queue))
+        listed = None if entry is None else Subscriber(ids.Slot(entry.slot), ids.ConnId(entry.conn))
+        pushes, resync = confirm_notice(
+            queue, subscriber, since, listed, entry.since if entry else 0
+        )
+        for push in pushes:
+            self._push(push)
+        if resync is not None:
+            self._ask_resync(queue, subscriber, resync)
 
     async def _resync(self, partitions: list[int], end_previous: bool) -> None:
         pending = list(partitions)
