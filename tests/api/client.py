@@ -66,19 +66,25 @@ class Recipient:
     def send(self, body: bytes = b"hello", **extra: Any) -> httpx.Response:
         return self.http.post(f"/v1/send/{self.sender}", json={"body": b64u(body), **extra})
 
-    def sub(self, frame_id: object = "s", ts: int | None = None) -> dict[str, Any]:
+    def sub(
+        self, frame_id: object = "s", ts: int | None = None, session: str | None = None
+    ) -> dict[str, Any]:
+        """A SUB frame; with `session` (a HELLO's answer), bound to it."""
         ts = int(time.time()) if ts is None else ts
-        sig = self.sign(f"SUB\n{self.queue}\n{ts}")
-        return {"id": frame_id, "cmd": "SUB", "queue": self.queue, "ts": ts, "sig": sig}
+        text = f"SUB\n{self.queue}\n{ts}"
+        frame = {"id": frame_id, "cmd": "SUB", "queue": self.queue, "ts": ts}
+        return self._bind(frame, text, session)
 
-    def ack(self, msg_id: str, frame_id: str = "a", ts: int | None = None) -> dict[str, Any]:
+    def ack(
+        self, msg_id: str, frame_id: str = "a", ts: int | None = None, session: str | None = None
+    ) -> dict[str, Any]:
+        """An ACK frame; with `session` (a HELLO's answer), bound to it."""
         ts = int(time.time()) if ts is None else ts
-        sig = self.sign(f"ACK\n{self.queue}\n{msg_id}\n{ts}")
-        return {
-            "id": frame_id,
-            "cmd": "ACK",
-            "queue": self.queue,
-            "msg_id": msg_id,
-            "ts": ts,
-            "sig": sig,
-        }
+        text = f"ACK\n{self.queue}\n{msg_id}\n{ts}"
+        frame = {"id": frame_id, "cmd": "ACK", "queue": self.queue, "msg_id": msg_id, "ts": ts}
+        return self._bind(frame, text, session)
+
+    def _bind(self, frame: dict[str, Any], text: str, session: str | None) -> dict[str, Any]:
+        if session is None:
+            return {**frame, "sig": self.sign(text)}
+        return {**frame, "sig": self.sign(f"{text}\n{session}"), "bound": True}

@@ -215,13 +215,16 @@ def _frames(canary: Recipient) -> st.SearchStrategy[str | bytes]:
     commands = st.fixed_dictionaries(
         {
             "id": _ids,
-            "cmd": st.sampled_from(["SUB", "ACK", "SUBSCRIBE", "PUBLISH", "sub", "", "FLY"]),
+            "cmd": st.sampled_from(
+                ["SUB", "ACK", "SUBSCRIBE", "PUBLISH", "HELLO", "sub", "", "FLY"]
+            ),
         },
         optional={
             "queue": st.one_of(st.just(canary.queue), _b64ish),
             "msg_id": _b64ish,
             "ts": _times,
             "sig": _b64ish,
+            "bound": st.one_of(st.booleans(), st.none(), st.integers(0, 1), st.just("true")),
             "extra": st.integers(),
         },
     ).map(fix)
@@ -248,8 +251,9 @@ def test_fuzzed_frames_get_one_error_reply_each_and_change_nothing(
     http: httpx.Client, ws_url: str
 ) -> None:
     """On a connection that holds the canary queue's subscription: every fuzzed frame (bad
-    SUBs of that queue included) gets exactly one error reply, and afterwards the queue is as
-    it was and the subscription still delivers."""
+    SUBs of that queue included, bound or not, before or after a HELLO) gets exactly one error
+    reply (a well-formed HELLO gets its session), and afterwards the queue is as it was and the
+    subscription still delivers."""
     canary = Recipient(http).create()
     msg_id = canary.send(b"canary").json()["msg_id"]
     before = canary.call("GET").json()
@@ -279,6 +283,10 @@ def test_fuzzed_frames_get_one_error_reply_each_and_change_nothing(
                     for frame in frames:
                         await send(ws, frame)
                         reply = await reply_to(ws)
+                        if reply.get("ok") is True:  # only a HELLO can succeed
+                            assert json.loads(frame)["cmd"] == "HELLO", (frame, reply)
+                            assert len(reply["session"]) == 43, reply
+                            continue
                         assert reply.get("ok") is False, reply  # nothing here is validly signed
                         allowed = {"BAD_REQUEST", "AUTH", "TOO_LARGE", "RATE_LIMITED"}
                         assert reply["error"] in allowed, reply

@@ -64,7 +64,7 @@ async def test_a_takeover_starts_at_the_end_and_resyncs_what_redis_lists(redis_u
     registry = Subscriptions(redis)
     queues = [ids.new_id() for _ in range(12)]
     for n, queue in enumerate(queues):
-        await registry.add(ids.partition_of(queue, PARTITIONS), queue, n % 3, f"c{n}")
+        await registry.claim(ids.partition_of(queue, PARTITIONS), queue, n % 3, f"c{n}", n + 1)
     bus = RecordingBus(end=42)
     pushes = Pushes(bus, registry, PARTITIONS, "delivery-0")
     assert await pushes.start_offsets([0, 2]) == {0: 42, 2: 42}

@@ -20,6 +20,7 @@ from relay_bus import schemas, topics
 from relay_bus.consumers import Received
 from relay_ingress import asking
 from relay_queues import auth, ids
+from relay_routes.subscriptions import Entry
 from tests.services.loopback import INSTANCE, PARTITIONS, Recipient, Relay, WsClient, error
 
 BAD = (400, "BAD_REQUEST")
@@ -352,16 +353,20 @@ async def test_sub_and_ack_frames_become_commands_and_messages_are_pushed(
         async with WsClient(relay.app) as ws:
             assert ws.accepted == {"type": "websocket.accept", "subprotocol": None, "headers": []}
             frame = _sub(recipient, queue, "s1")
+            asked_ms = int(time.time() * 1000)
             assert await ws.ask(frame) == {"id": "s1", "ok": True}
+            answered_ms = int(time.time() * 1000)
             sub, partition = _commands(relay)[-1]
             assert isinstance(sub, schemas.SubscribeQueue)
             assert partition == ids.partition_of(queue, PARTITIONS)
             assert (sub.queue, sub.slot, sub.sig) == (queue, relay.slot, frame["sig"])
             conn = sub.conn
-            # Routed to this connection in Redis before the command left.
-            assert await relay.ctx.connections.subscriptions.of_partition(partition) == {
-                queue: (relay.slot, conn)
-            }
+            # Routed to this connection in Redis once the queue-writer accepted the SUB, with
+            # the order it gave the SUB (its clock in microseconds).
+            listed = await relay.ctx.connections.subscriptions.of_partition(partition)
+            since = listed[queue].since
+            assert listed == {queue: Entry(relay.slot, conn, since, None)}
+            assert asked_ms * 1000 <= since <= answered_ms * 1000
             assert sub.signed == auth.sub_text(queue, frame["ts"])
             pushed = await ws.receive()
             assert pushed == {"type": "MSG", "queue": queue, "msg_id": first, **_held(pushed)}

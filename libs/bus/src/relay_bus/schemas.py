@@ -262,20 +262,29 @@ class QueueResync(_Record):
     queue: str
     slot: Slot = Field(ge=0)
     conn: ConnId
+    since: int = Field(0, ge=0)
+    """The subscriber's SUB order as the registry holds it, echoed in the `subscribed` event."""
 
 
 class QueueEvent(_Record):
     """What a queue-writer did to a queue, for delivery (`relay_queues.delivery`); or, with
-    `event="unsubscribed"`, an ingress saying a subscriber's connection closed."""
+    `event="unsubscribed"`, an ingress saying a subscriber's connection closed; with
+    `event="registered"`, an ingress saying it recorded an accepted SUB in the registry; with
+    `event="writer_started"` (queue empty), a queue-writer saying it started on this partition
+    (events it had not sent yet may be lost: delivery resyncs the partition)."""
 
     kind: Literal["queue_event"] = "queue_event"
     v: Literal[1] = 1
-    event: Literal["changed", "read", "subscribed", "deleted", "unsubscribed"]
+    event: Literal[
+        "changed", "read", "subscribed", "deleted", "unsubscribed", "registered", "writer_started"
+    ]
     queue: str
     lsn: Lsn = Lsn(0)
     head: Head | None = None
     slot: Slot | None = None
     conn: ConnId = ConnId("")
+    since: int = Field(0, ge=0)
+    """`subscribed`, `registered`: the queue-writer's order of the SUB (later SUBs, larger)."""
 
 
 class Deliver(_Record):

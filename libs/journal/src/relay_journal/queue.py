@@ -5,7 +5,8 @@ Invariants:
   checkpoints and on close, appended, last valid line wins) and the write-ahead log holds every
   change after that, so a state line never needs to be fsynced on the write path;
 - on load, message files are truncated to the recorded write position (bytes past it were never
-  acknowledged) and every missing-file combination is repaired with a warning; the write file is
+  acknowledged) and every missing-file combination is repaired with a warning (a missing write
+  file is reported by the journal, after any replay: `missing`); the write file is
   truncated to the recorded position again whenever its handle is opened and when it is rotated
   away, and every append is a pwrite at that position;
 - a queue with no messages holds no open file; `apply()` is deterministic, so replaying a log
@@ -80,6 +81,12 @@ class OpenQueue:
         self.rebuilt = False
         """State was rebuilt from the message files (queue.log unusable): the files already hold
         every logged write, so replay skips this queue's records."""
+        self.missing: tuple[str, int] | None = None
+        """Set by `load` when the write file was missing: its id and the unread messages the
+        state line counted in it. The journal reports them (`write_file_missing`), after the
+        replay when loaded by it, since the replay may acknowledge them (`acks_of_gone`)."""
+        self.acks_of_gone = 0
+        """Logged ACKs replayed for messages no longer in the files (see `_apply_ack`)."""
 
     # -- loading ---------------------------------------------------------------------------
 
@@ -99,9 +106,10 @@ class OpenQueue:
         if state is None:
             state = _rebuild_state(queue_id, folder)
             lines = 0
-        repaired = _repair_files(queue_id, folder, state)
+        repaired, missing = _repair_files(queue_id, folder, state)
         queue = cls(queue_id, folder, repaired, on_disk=True, state_lines=lines)
         queue.rebuilt = rebuilt
+        queue.missing = missing
         if lines == 0 or lines > settings.state_compact_lines or repaired != state:
             queue.compact(settings)  # record a repair once, not at every load
         return queue
@@ -334,6 +342,7 @@ class OpenQueue:
             if all(m.msg_id != msg_id for m in self.messages()):
                 # Replaying an ack whose message is already gone: its read file was consumed
                 # and deleted before the crash (the state line predates the switch).
+                self.acks_of_gone += 1
                 return
             raise errors.CorruptJournal(
                 f"queue {self.id}: logged ack of a message that is not the head"
@@ -478,7 +487,11 @@ def _rebuild_state(queue_id: str, folder: Path) -> QueueState:
     )
 
 
-def _repair_files(queue_id: str, folder: Path, state: QueueState) -> QueueState:
+def _repair_files(
+    queue_id: str, folder: Path, state: QueueState
+) -> tuple[QueueState, tuple[str, int] | None]:
+    """The state with every missing-file combination repaired, and (file id, unread messages
+    the state counted in it) when the write file was missing, for the caller to report."""
     read, write = state.read, state.write
     read_path, write_path = message_file(folder, read.file), message_file(folder, write.file)
     write_exists = write_path.exists()
@@ -488,17 +501,17 @@ def _repair_files(queue_id: str, folder: Path, state: QueueState) -> QueueState:
         state = state.evolve(read=Pos(write.file, 0, 0), size=write.msg)
         read, read_exists = state.read, write_exists
     if not write_exists:
+        missing = None
         if write.byte > 0:
-            log.warning(
-                "write_file_missing", queue=queue_id, file=write.file, messages_lost=write.msg
-            )
+            # Only the unread ones count: the state line may predate their ACKs.
             lost = write.msg if read.file != write.file else write.msg - read.msg
+            missing = (write.file, lost)
             if read.file == write.file:
                 state = state.evolve(read=Pos(write.file, 0, 0))
             state = state.evolve(
                 write=Pos(write.file, 0, 0), size=max(0, state.size - lost), can_write=True
             )
-        return state
+        return state, missing
     actual = write_path.stat().st_size
     if actual > write.byte:
         with open(write_path, "r+b") as f:
@@ -521,4 +534,4 @@ def _repair_files(queue_id: str, folder: Path, state: QueueState) -> QueueState:
         state = state.evolve(write=Pos(write.file, count, end), size=max(0, state.size - lost))
         if state.read.file == write.file and state.read.byte > end:
             state = state.evolve(read=Pos(write.file, count, end), size=0)
-    return state
+    return state, None

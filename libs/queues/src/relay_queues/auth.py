@@ -5,12 +5,16 @@ Invariants:
   client, so a signature only ever authorizes the request it was made for;
 - verification takes the same path whether or not the queue exists (`verify` with `None` checks
   against a fixed key), so its outcome and its cost do not tell whether a recipient id exists;
-- malformed keys, signatures and timestamps are refusals, never exceptions escaping this module.
+- malformed keys, signatures and timestamps are refusals, never exceptions escaping this module;
+- a session-bound text (`bound_text`) ends with the connection's session id, which the server
+  draws (`new_session`) and never takes from a frame, so a bound signature authorizes its command
+  on that one connection only: it needs no replay cache.
 """
 
 from __future__ import annotations
 
 import hashlib
+import secrets
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import (
@@ -18,12 +22,14 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PublicKey,
 )
 
-from relay_queues.ids import unb64u
+from relay_queues.ids import b64u, unb64u
 
 SKEW_S = 300
 """Accepted clock skew either way, in seconds."""
 KEY_BYTES = 32
 SIG_BYTES = 64
+SESSION_BYTES = 32
+"""Random bytes of a WebSocket session id (API.md HELLO)."""
 
 # Unknown queues verify against this key, whose private half is dropped at once.
 _NOBODY = Ed25519PrivateKey.generate().public_key()
@@ -44,6 +50,18 @@ def sub_text(queue: str, timestamp: int) -> str:
 
 def ack_text(queue: str, msg_id: str, timestamp: int) -> str:
     return f"ACK\n{queue}\n{msg_id}\n{timestamp}"
+
+
+def new_session() -> str:
+    """A WebSocket connection's session id: b64u of 32 bytes from the OS's CSPRNG."""
+    return b64u(secrets.token_bytes(SESSION_BYTES))
+
+
+def bound_text(text: str, session: str) -> str:
+    """A SUB or ACK text bound to a session (API.md `"bound": true`): its usual text, then
+    "\n" and the session id. SMP binds its signatures to the session the same way: a signature
+    over it is useless on any other connection, so the server keeps no record of it."""
+    return f"{text}\n{session}"
 
 
 MAX_TIMESTAMP = 10**12

@@ -6,6 +6,10 @@ Invariants (BRIEF §4, Delivery):
   again, with the same msg_id, only to a newer subscriber (takeover, resync), never twice to the
   same one, and an acknowledged message is never the head again;
 - a push goes only to the current subscriber; a takeover sends END to the previous one;
+- subscriptions compare by their SUB's order at the queue-writer (`since`), not by when their
+  event arrives: an older one (a resync of what the registry held, an ingress's late notice)
+  never takes a queue from a newer one, and gets END instead; the same subscription told again
+  (a resync after a queue-writer restart) gets only a head it does not have yet;
 - events apply in the queue-writer's order: an event with an lsn older than one already applied
   to the queue is ignored (records may be reordered by a producer retry);
 - only queues with a subscriber or a handed-out head are kept in memory.
@@ -51,6 +55,23 @@ def acked_already(head: Head, last_acked: str | None) -> bool:
     return head.msg_id == last_acked
 
 
+def confirm_notice(
+    queue: str, subscriber: Subscriber, since: int, listed: Subscriber | None, listed_since: int
+) -> tuple[list[Push], int | None]:
+    """A `registered` notice of a SUB this instance never saw (`Deliveries.registered`), checked
+    against what the registry lists for the queue now (`listed`, None when nothing): the
+    pushes, and the order to resync the subscriber with (None: no resync). The registry names
+    it: resync. It names a later SUB: the notice is old (read again after a restart), END. It
+    names nothing: the subscriber left since, nothing."""
+    if listed is None:
+        return [], None
+    if listed == subscriber:
+        return [], max(since, listed_since)
+    if listed_since > since:
+        return [Push(subscriber, Frame.END, queue)], None
+    return [], None
+
+
 class Frame(Enum):
     MSG = "MSG"
     END = "END"
@@ -70,6 +91,8 @@ class _Queue:
     handed: str | None = None
     """msg_id of the head handed out and not yet acknowledged."""
     lsn: int = -1
+    since: int = 0
+    """The subscriber's SUB order (0: unknown, e.g. from a queue-writer that gives none)."""
 
 
 class Deliveries:
@@ -103,19 +126,44 @@ class Deliveries:
         return pushes
 
     def subscribed(
-        self, queue: str, lsn: int, head: Head | None, subscriber: Subscriber
+        self, queue: str, lsn: int, head: Head | None, subscriber: Subscriber, since: int = 0
     ) -> list[Push]:
         """A SUB was accepted (or a subscription is resynced after a restart): the head goes to
-        `subscriber`, even if it was handed out before; a previous subscriber gets END."""
+        `subscriber`, even if it was handed out before; a previous subscriber gets END. A SUB
+        older than the one in force (`since`) takes nothing over: it gets END; the subscription
+        in force told again is settled as a change (nothing handed out twice)."""
         state = self._current(queue, lsn)
         if state is None:
             return []
+        current = state.subscriber
+        if current is not None and (
+            since < state.since or (current == subscriber and since == state.since)
+        ):
+            if current == subscriber:
+                return self._settle(queue, state, head)
+            return [Push(subscriber, Frame.END, queue)]
         pushes = []
-        if state.subscriber is not None and state.subscriber != subscriber:
-            pushes.append(Push(state.subscriber, Frame.END, queue))
+        if current is not None and current != subscriber:
+            pushes.append(Push(current, Frame.END, queue))
         state.subscriber = subscriber
+        state.since = since
         state.handed = None
         return pushes + self._settle(queue, state, head)
+
+    def registered(self, queue: str, subscriber: Subscriber, since: int) -> tuple[list[Push], bool]:
+        """An ingress recorded `subscriber`'s accepted SUB (order `since`) in the registry,
+        after its `subscribed` event was sent. Returns the pushes, and whether this instance
+        must resync the subscription: it took the partition over between that event and the
+        registry write, so it saw neither (issue 18)."""
+        state = self._queues.get(queue)
+        current = state.subscriber if state is not None else None
+        if state is None or current is None:
+            return [], True
+        if current == subscriber and state.since >= since:
+            return [], False  # known already
+        if state.since > since:
+            return [Push(subscriber, Frame.END, queue)], False  # taken over since
+        return [], True
 
     def changed(self, queue: str, lsn: int, head: Head | None) -> list[Push]:
         """The queue's head may have changed (a write, an ACK, an expiry)."""

@@ -52,6 +52,8 @@ class Event:
     lsn: ids.Lsn
     head: Head | None = None
     subscriber: Subscriber | None = None
+    since: int = 0
+    """`subscribed`: the SUB's order (`QueueRules.subscribe`)."""
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,7 @@ class QueueRules:
         self.store = store
         self.default_ttl_s = default_ttl_s
         self._recent: OrderedDict[str, int] = OrderedDict()
+        self._last_order = 0
 
     @property
     def quota(self) -> int:
@@ -211,19 +214,35 @@ class QueueRules:
         seq = ids.Seq(self.store.delete(queue))
         return QueueOutcome(204, lsn=lsn, seq=seq, events=[Event("deleted", queue, lsn)])
 
+    def _order(self, now_ms: int) -> int:
+        """A SUB's order: microseconds of the clock, moved on by one past the last order
+        given, so two SUBs of a queue always compare the way this writer applied them. The
+        clock carries it across restarts (a count would start again at 0), and a broker that
+        lost its log keeps it too (command offsets would start again)."""
+        self._last_order = max(self._last_order + 1, now_ms * 1000)
+        return self._last_order
+
     def subscribe(
         self, queue: ids.QueueId, signed: Signed, subscriber: Subscriber, now_ms: int
     ) -> QueueOutcome:
+        """An accepted SUB: answered with its order (`since`), which the ingress records in
+        the registry and delivery compares (`relay_queues.delivery`)."""
         if self._recipient(queue, signed) is None:
             return AUTH_REFUSED
-        return self.resync(queue, subscriber, now_ms)
+        since = self._order(now_ms)
+        outcome = self.resync(queue, subscriber, now_ms, since)
+        return QueueOutcome(200, {"since": since}, lsn=outcome.lsn, events=outcome.events)
 
-    def resync(self, queue: ids.QueueId, subscriber: Subscriber, now_ms: int) -> QueueOutcome:
+    def resync(
+        self, queue: ids.QueueId, subscriber: Subscriber, now_ms: int, since: int = 0
+    ) -> QueueOutcome:
         """Tell delivery the queue's head for `subscriber` (internal: after a SUB, or when
-        delivery rebuilds its state); nothing for a queue that no longer exists."""
+        delivery rebuilds its state, with the SUB's order the registry holds); nothing for a
+        queue that no longer exists."""
         if queue not in self.store.queues:
             return QueueOutcome(200, {})
-        event = self._event("subscribed", queue, now_ms, subscriber)
+        head = self._head(queue, now_ms)
+        event = Event("subscribed", queue, self._lsn(), head, subscriber, since)
         return QueueOutcome(200, {}, lsn=event.lsn, events=[event])
 
     def expire(self, now_ms: int) -> Iterator[Event]:

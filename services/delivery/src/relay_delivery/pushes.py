@@ -7,12 +7,23 @@ Invariants:
   knows, and the current state comes instead from a resync of every subscription Redis lists
   for the partition (the queue-writer answers each with the queue's head);
 - pushes leave in the order events were handled (`Bus.post`); a lost push is repaired by the
-  next resync or SUB, and the same msg_id is sent again then (at least once).
+  next resync or SUB, and the same msg_id is sent again then (at least once);
+- a takeover also sends END to each subscriber the registry says was taken over (`previous`):
+  the instance that saw the takeover may have died before sending it;
+- a subscription whose `subscribed` event this instance did not see (it took the partition over
+  between that event and the ingress's registry write) is resynced when the ingress's
+  `registered` notice arrives, if the registry still names it (a notice read again after a
+  restart may be of a subscriber taken over since: that one gets END, not the queue);
+- when a queue-writer says it started on a partition (`writer_started`: the events it had made
+  durable but not sent died with its predecessor), every subscription the registry lists for
+  the partition is resynced, so a head that changed meanwhile reaches its subscriber.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Coroutine
+from typing import Any
 
 import structlog
 from redis.exceptions import RedisError
@@ -21,7 +32,7 @@ from relay_bus import schemas, topics
 from relay_bus.bus import Bus
 from relay_bus.consumers import Handler, Received
 from relay_queues import ids
-from relay_queues.delivery import Deliveries, Push, Subscriber
+from relay_queues.delivery import Deliveries, Frame, Push, Subscriber, confirm_notice
 from relay_routes.subscriptions import Subscriptions
 
 log = structlog.get_logger(__name__)
@@ -44,13 +55,39 @@ class Pushes:
         offsets = await self.bus.end_offsets(topics.QUEUE_EVENTS, partitions)
         taken = set(partitions)
         self.deliveries.forget(lambda q: ids.partition_of(q, self.partitions) in taken)
-        task = asyncio.create_task(self._resync(partitions), name="resync")
-        self._resyncs.add(task)
-        task.add_done_callback(self._resyncs.discard)
+        self._start_resync(partitions, end_previous=True)
         log.info("partitions_taken_over", partitions=partitions, offsets=offsets)
         return offsets
 
-    async def _resync(self, partitions: list[int]) -> None:
+    def _start_resync(self, partitions: list[int], *, end_previous: bool) -> None:
+        self._start(self._resync(partitions, end_previous), "resync")
+
+    def _start(self, work: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.create_task(work, name=name)
+        self._resyncs.add(task)
+        task.add_done_callback(self._resyncs.discard)
+
+    async def _confirm(self, queue: str, subscriber: Subscriber, since: int) -> None:
+        """A notice of a SUB this instance has not seen: resync it if the registry names it
+        still, END it if the registry names a later subscriber, nothing if it is gone."""
+        partition = ids.partition_of(queue, self.partitions)
+        while True:
+            try:
+                entry = await self.subscriptions.of_queue(partition, queue)
+                break
+            except (RedisError, OSError) as error:
+                log.warning("resync_waiting_for_redis", error=str(error))
+                await asyncio.sleep(RESYNC_RETRY_S)
+        listed = None if entry is None else Subscriber(ids.Slot(entry.slot), ids.ConnId(entry.conn))
+        pushes, resync = confirm_notice(
+            queue, subscriber, since, listed, entry.since if entry else 0
+        )
+        for push in pushes:
+            self._push(push)
+        if resync is not None:
+            self._ask_resync(queue, subscriber, resync)
+
+    async def _resync(self, partitions: list[int], end_previous: bool) -> None:
         pending = list(partitions)
         while pending:
             partition = pending[0]
@@ -60,11 +97,26 @@ class Pushes:
                 log.warning("resync_waiting_for_redis", error=str(error))
                 await asyncio.sleep(RESYNC_RETRY_S)
                 continue
-            for queue, (slot, conn) in listed.items():
-                resync = schemas.QueueResync(queue=queue, slot=slot, conn=conn)
-                self.bus.post(topics.QUEUE_COMMANDS, resync, partition=partition)
-            log.info("resynced", partition=partition, subscriptions=len(listed))
+            ended = 0
+            for queue, entry in listed.items():
+                self._ask_resync(
+                    queue, Subscriber(ids.Slot(entry.slot), ids.ConnId(entry.conn)), entry.since
+                )
+                previous = entry.previous
+                if end_previous and previous is not None and previous != (entry.slot, entry.conn):
+                    slot, conn = previous
+                    self._push(Push(Subscriber(ids.Slot(slot), ids.ConnId(conn)), Frame.END, queue))
+                    ended += 1
+            log.info("resynced", partition=partition, subscriptions=len(listed), ended=ended)
             pending.pop(0)
+
+    def _ask_resync(self, queue: str, subscriber: Subscriber, since: int) -> None:
+        """Ask the queue's writer for its head, to be settled as `subscriber`'s SUB `since`."""
+        resync = schemas.QueueResync(
+            queue=queue, slot=subscriber.slot, conn=subscriber.conn, since=since
+        )
+        partition = ids.partition_of(queue, self.partitions)
+        self.bus.post(topics.QUEUE_COMMANDS, resync, partition=partition)
 
     async def revoked(self, partitions: list[int]) -> None:
         gone = set(partitions)
@@ -79,10 +131,19 @@ class Pushes:
         )
         self.bus.post(topics.INGRESS_INBOX, record, partition=push.to.slot)
 
-    def handle_event(self, event: schemas.QueueEvent) -> None:
+    def handle_event(self, event: schemas.QueueEvent, partition: int) -> None:
         d, queue, lsn = self.deliveries, event.queue, event.lsn
         subscriber = Subscriber(event.slot, event.conn) if event.slot is not None else None
+        pushes: list[Push]
         match event.event:
+            case "writer_started":
+                log.info("queue_writer_started", partition=partition)
+                self._start_resync([partition], end_previous=False)
+                pushes = []
+            case "registered" if subscriber is not None:
+                pushes, missed = d.registered(queue, subscriber, event.since)
+                if missed:
+                    self._start(self._confirm(queue, subscriber, event.since), "confirm")
             case "changed":
                 pushes = d.changed(queue, lsn, event.head)
             case "read":
@@ -90,7 +151,7 @@ class Pushes:
             case "deleted":
                 pushes = d.deleted(queue, lsn)
             case "subscribed" if subscriber is not None:
-                pushes = d.subscribed(queue, lsn, event.head, subscriber)
+                pushes = d.subscribed(queue, lsn, event.head, subscriber, event.since)
             case "unsubscribed" if subscriber is not None:
                 d.unsubscribed(queue, subscriber)
                 pushes = []
@@ -104,7 +165,7 @@ class Pushes:
         async def handle(received: Received) -> None:
             record = received.record
             if isinstance(record, schemas.QueueEvent):
-                self.handle_event(record)
+                self.handle_event(record, received.partition)
             elif isinstance(record, schemas.Ping):
                 await forward(received)
 

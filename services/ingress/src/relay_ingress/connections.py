@@ -1,6 +1,10 @@
 """This instance's WebSocket connections: limits, subscriptions, and the frames pushed to them.
 
 Invariants:
+- a queue subscription is written to the Redis registry only once the queue-writer accepted
+  its SUB (signature verified), with the SUB's order, and delivery is then told it is
+  registered (`registered`, for an instance that took the partition over meanwhile); a refused
+  SUB leaves Redis and the connection's subscriptions as they were;
 - a connection gets a queue's MSG frames only while it holds the queue's subscription, and
   never before the `ok` of its SUB (frames arriving earlier wait for it, and are dropped if the
   SUB fails);
@@ -58,6 +62,8 @@ class Subscription:
     """The SUB's `ok` has been sent; before that, frames wait in `waiting`."""
     waiting: list[dict[str, Any]] = field(default_factory=list)
     last_acked: str | None = None
+    since: int = 0
+    """The SUB's order at the queue-writer, as the registry holds it."""
 
 
 @dataclass
@@ -78,6 +84,8 @@ class Connection:
         self.subscriptions: dict[str, Subscription] = {}
         self.filters: dict[str, TopicFilter] = {}
         self.limits = limits
+        self.session: str | None = None
+        """The session id its HELLO drew (`relay_queues.auth.new_session`), None before."""
         self.overflowed = False
         """Set once more than `max_outbound_frames` waited: the connection is being closed."""
         self._closing: asyncio.Task[None] | None = None
@@ -188,14 +196,28 @@ class Connections:
     def partition(self, queue: str) -> int:
         return ids.partition_of(queue, self.partitions)
 
-    async def subscribing(self, conn: Connection, queue: str) -> Subscription | None:
-        """Before the SUB command: route the queue's frames to `conn` (held until `ready`).
-        Returns the subscription `conn` held already, for `refused`."""
-        assert self.slot is not None
+    def subscribing(self, conn: Connection, queue: str) -> Subscription | None:
+        """Before the SUB command: route the queue's frames to `conn` (held until `ready`);
+        nothing is written to Redis yet (`accepted` does). Returns the subscription `conn`
+        held already, for `refused`."""
         held = conn.subscriptions.get(queue)
         conn.subscriptions[queue] = Subscription()
-        await self.subscriptions.add(self.partition(queue), queue, self.slot, conn.id)
         return held
+
+    async def accepted(self, conn: Connection, queue: str, since: int) -> None:
+        """The queue-writer accepted the SUB (order `since`): record it in the registry, then
+        tell delivery it is recorded. Raises RedisError when Redis does not answer (the caller
+        undoes the SUB with `refused`)."""
+        assert self.slot is not None
+        subscription = conn.subscriptions.get(queue)
+        if subscription is not None:
+            subscription.since = since
+        partition = self.partition(queue)
+        await self.subscriptions.claim(partition, queue, self.slot, conn.id, since)
+        notice = schemas.QueueEvent(
+            event="registered", queue=queue, slot=self.slot, conn=conn.id, since=since
+        )
+        self.bus.post(topics.QUEUE_EVENTS, notice, partition=partition)
 
     async def refused(self, conn: Connection, queue: str, held: Subscription | None) -> None:
         """The SUB after `subscribing` was refused: undo it. A subscription `conn` held before
@@ -243,9 +265,10 @@ class Connections:
             return
         slot = self.slot
         await self.subscriptions.register_all(
-            (self.partition(queue), queue, slot, conn.id)
+            (self.partition(queue), queue, slot, conn.id, subscription.since)
             for conn in self._open.values()
-            for queue in conn.subscriptions
+            for queue, subscription in conn.subscriptions.items()
+            if subscription.ready
         )
         await self.topic_subscriptions.register_all(
             slot, ((conn.id, f) for conn in self._open.values() for f in conn.filters)

@@ -5,9 +5,14 @@ Invariants:
 - every client frame gets exactly one reply `{"id", "ok": true}` or `{"id", "ok": false,
   "error", "detail"}` (id null when the frame had none); binary, oversized, malformed, unknown
   and over-rate frames get error replies, never a crash or a closed connection;
-- a refused command changes nothing (checks before the queue-writer, signature at it);
-- SUB is replay-protected: a signature already used within the timestamp window is refused, so
-  a captured SUB cannot take a queue over;
+- a refused command changes nothing (checks before the queue-writer, signature at it; the
+  registry is written only after the queue-writer accepted a SUB);
+- an unbound SUB is replay-protected: a signature already used within the timestamp window is
+  refused, so a captured SUB cannot take a queue over; a bound SUB or ACK (`"bound": true`) is
+  signed over its text and this connection's session id (drawn by HELLO), so it is worthless on
+  any other connection and needs no such record: a client may SUB again at once after
+  reconnecting. A bound frame before HELLO is BAD_REQUEST (a frame this connection cannot take,
+  not a signature judged wrong: AUTH would send the client looking at its key);
 - commands of one connection run concurrently (up to a bound), replies carry their ids;
 - after a SUBSCRIBE's `ok`, every retained message matching its filter is pushed (in topic
   order, one page at a time as the client reads) before any live publication it matches; if
@@ -50,11 +55,16 @@ class _Command(StrictBody):
     id: str | int | None = None
 
 
+class Hello(_Command):
+    cmd: Literal["HELLO"]
+
+
 class Sub(_Command):
     cmd: Literal["SUB"]
     queue: QueueId
     ts: JsonInt
     sig: str
+    bound: bool = False
 
 
 class AckCmd(_Command):
@@ -63,6 +73,7 @@ class AckCmd(_Command):
     msg_id: QueueId
     ts: JsonInt
     sig: str
+    bound: bool = False
 
 
 TopicFilter = Annotated[str, Field(min_length=1)]
@@ -86,8 +97,8 @@ class PublishCmd(_Command):
     expiry_s: JsonInt | None = None
 
 
-Command = Sub | AckCmd | Subscribe | Unsubscribe | PublishCmd
-COMMANDS = ("SUB", "ACK", "SUBSCRIBE", "UNSUBSCRIBE", "PUBLISH")
+Command = Hello | Sub | AckCmd | Subscribe | Unsubscribe | PublishCmd
+COMMANDS = ("HELLO", "SUB", "ACK", "SUBSCRIBE", "UNSUBSCRIBE", "PUBLISH")
 RETAINED_BACKLOG = 1000
 """Frames a connection may have waiting before the retained stream waits for the client."""
 
@@ -145,6 +156,11 @@ class Session:
             self.conn.queue_frame(_error(command.id, "UNAVAILABLE", "internal error; retry"))
 
     async def _run(self, command: Command) -> None:
+        if isinstance(command, Hello):
+            if self.conn.session is None:
+                self.conn.session = auth.new_session()
+            self.conn.queue_frame({"id": command.id, "ok": True, "session": self.conn.session})
+            return
         if isinstance(command, Subscribe | Unsubscribe | PublishCmd):
             await self._topic_command(command)
             return
@@ -219,7 +235,19 @@ class Session:
         finally:
             self.connections.topic_ready(conn, topic_filter)
 
+    def _signed(self, command: Sub | AckCmd, text: str) -> str:
+        """The text the frame's signature must sign: bound to this connection's session when
+        the frame says so (`_command` checked there is one)."""
+        if not command.bound:
+            return text
+        assert self.conn.session is not None
+        return auth.bound_text(text, self.conn.session)
+
     async def _command(self, command: Sub | AckCmd) -> dict[str, Any]:
+        if command.bound and self.conn.session is None:
+            raise ApiError(
+                400, "BAD_REQUEST", "a bound frame needs a HELLO on this connection first"
+            )
         try:
             ts = auth.parse_timestamp(command.ts, time.time())
             signature = auth.parse_signature(command.sig)
@@ -233,22 +261,29 @@ class Session:
                 len(self.conn.subscriptions) >= limit
             ):
                 raise ApiError(429, "QUOTA", f"at most {limit} queue subscriptions per connection")
-            if not await guards.first_use(self.ctx.redis, signature, 2 * auth.SKEW_S):
+            # A bound signature is useless elsewhere: no replay record is needed (or kept).
+            if not command.bound and not await guards.first_use(
+                self.ctx.redis, signature, 2 * auth.SKEW_S
+            ):
                 raise ApiError(401, "AUTH", "signature already used")
-            held = await self.connections.subscribing(self.conn, command.queue)
+            held = self.connections.subscribing(self.conn, command.queue)
             try:
-                await asking.command(
+                reply = await asking.command(
                     self.ctx,
                     partition,
                     wait_s,
                     schemas.SubscribeQueue,
                     queue=command.queue,
-                    signed=auth.sub_text(command.queue, ts),
+                    signed=self._signed(command, auth.sub_text(command.queue, ts)),
                     sig=command.sig,
                     slot=self.connections.slot,
                     conn=self.conn.id,
                 )
-            except (ApiError, BusUnavailableError):
+                since = (reply.data or {}).get("since", 0)
+                await self.connections.accepted(
+                    self.conn, command.queue, since if isinstance(since, int) else 0
+                )
+            except (ApiError, BusUnavailableError, RedisError):
                 await self.connections.refused(self.conn, command.queue, held)
                 raise
         else:
@@ -259,7 +294,7 @@ class Session:
                 schemas.AckMessage,
                 queue=command.queue,
                 msg_id=command.msg_id,
-                signed=auth.ack_text(command.queue, command.msg_id, ts),
+                signed=self._signed(command, auth.ack_text(command.queue, command.msg_id, ts)),
                 sig=command.sig,
             )
             self.connections.acked(self.conn, command.queue, command.msg_id)

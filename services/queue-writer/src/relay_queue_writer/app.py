@@ -16,6 +16,7 @@ from relay_bus.bus import Bus
 from relay_bus.config import KafkaSettings
 from relay_bus.consumers import Received
 from relay_bus.lifecycle import BusLifecycle
+from relay_queue_writer import announce
 from relay_queue_writer.admin import AdminRequests
 from relay_queue_writer.commands import Commands
 from relay_queue_writer.stores import Stores
@@ -64,7 +65,7 @@ def build(config: QueueWriterSettings) -> tuple[FastAPI, BusLifecycle]:
         handle,
         group_id=GROUP,
         partitions=owned,
-        start_offsets=commands.start_offsets,
+        start_offsets=announce.announcing(bus, commands.start_offsets),
     )
 
     async def open_data_dir() -> None:

@@ -87,6 +87,7 @@ class Commands:
             head=event.head,
             slot=event.subscriber.slot if event.subscriber else None,
             conn=event.subscriber.conn if event.subscriber else "",
+            since=event.since,
         )
         return Send(topics.QUEUE_EVENTS, record, ids.partition_of(event.queue, self.partitions))
 
@@ -148,7 +149,10 @@ class Commands:
         record = received.record
         if isinstance(record, schemas.QueueResync):
             outcome = self.rules.resync(
-                ids.QueueId(record.queue), Subscriber(record.slot, record.conn), now_ms()
+                ids.QueueId(record.queue),
+                Subscriber(record.slot, record.conn),
+                now_ms(),
+                record.since,
             )
             self.outbox.put(outcome.lsn, None, [self._event(e) for e in outcome.events])
             return
