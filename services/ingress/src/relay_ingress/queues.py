@@ -169,6 +169,7 @@ async def send(
         str | None,
         Header(
             alias="Idempotency-Key",
+            pattern=f"^{idempotency.KEY_PATTERN.pattern}$",
             description="1-64 chars of [A-Za-z0-9_-]: a retry with the same key within the "
             "window answers the first send's msg_id and ts and stores nothing new",
         ),
