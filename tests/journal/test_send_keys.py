@@ -240,3 +240,17 @@ class SendKeyMachine(RuleBasedStateMachine):
 
 SendKeyMachine.TestCase.settings = hsettings(max_examples=40, stateful_step_count=30, deadline=None)
 test_send_key_model = SendKeyMachine.TestCase
+
+
+def test_a_truncated_keyed_write_with_a_valid_checksum_is_a_record_error() -> None:
+    """Every cut of a WRITE_KEYED payload, re-framed with a valid checksum, is refused as a
+    record error (never an IndexError or a misread key)."""
+    message = Message(mid(3), 1234, 5678, b"body")
+    record = LogRecord(Op.WRITE_KEYED, 77, qid(), file="f1", message=message, key=b"k" * 16)
+    payload = records.encode_log(record)[8:]
+    header = records._LOG_HEAD.size + len(record.queue)
+    for cut in range(header, len(payload)):
+        part = payload[:cut]
+        framed = len(part).to_bytes(4, "big") + zlib.crc32(part).to_bytes(4, "big") + part
+        with pytest.raises(records.RecordError):
+            records.decode_log(framed, 0)

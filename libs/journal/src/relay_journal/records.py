@@ -251,12 +251,20 @@ def encode_write(
 
 
 def _decode_write(op: Op, lsn: int, queue: str, payload: bytes, at: int) -> LogRecord:
-    """The fields of a WRITE or WRITE_KEYED record, from `at` in its payload."""
+    """The fields of a WRITE or WRITE_KEYED record, from `at` in its payload (a checksum-valid
+    record cut short is a `RecordError`, like any other)."""
+    if at >= len(payload):
+        raise RecordError("torn write record")
     flen = payload[at]
-    file = payload[at + 1 : at + 1 + flen].decode()
+    try:
+        file = payload[at + 1 : at + 1 + flen].decode()
+    except UnicodeDecodeError:
+        raise RecordError("file id is not UTF-8") from None
     at += 1 + flen
     key = b""
     if op is Op.WRITE_KEYED:
+        if at >= len(payload):
+            raise RecordError("torn send key")
         klen = payload[at]
         key = payload[at + 1 : at + 1 + klen]
         if not key or len(key) != klen:
