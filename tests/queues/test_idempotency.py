@@ -173,3 +173,28 @@ class ExactlyOnce(RuleBasedStateMachine):
 
 ExactlyOnce.TestCase.settings = hsettings(max_examples=30, stateful_step_count=30, deadline=None)
 test_exactly_once = ExactlyOnce.TestCase
+
+
+def test_a_retry_is_answered_even_when_the_queue_is_full_or_suspended(tmp_path: Path) -> None:
+    """The retry changes nothing, so neither the quota (no second marker) nor a suspension
+    since the first send refuses it; a new key is refused as any send would be."""
+    journal = QueueJournal(JournalSettings(root=tmp_path / "journal", max_queue_messages=2))
+    store = StoreLog(StoreLogSettings(root=tmp_path / "store"))
+    try:
+        rules, r, now = QueueRules(journal, store), Recipient(), int(time.time() * 1000)
+        assert rules.create(r.queue, r.sender, r.key, now).status == 201
+        first = rules.send(r.sender, ids.new_id(), b"1", None, now, "a")
+        assert rules.send(r.sender, ids.new_id(), b"2", None, now, "b").status == 201
+        assert rules.send(r.sender, ids.new_id(), b"3", None, now, "c").code == "QUOTA"
+        lsn = journal.wal.written_lsn
+        again = rules.send(r.sender, ids.new_id(), b"1", None, now + 1, "a")
+        assert (again.status, again.data, again.events) == (201, first.data, [])
+        assert journal.wal.written_lsn == lsn  # nothing logged: no second quota marker
+        assert rules.suspend(r.queue, r.signed(), now).status == 200
+        suspended = rules.send(r.sender, ids.new_id(), b"1", None, now + 2, "a")
+        assert (suspended.status, suspended.data) == (201, first.data)
+        assert rules.send(r.sender, ids.new_id(), b"4", None, now, "d").code == "FORBIDDEN"
+        assert [m.body for m in journal.messages(r.queue)] == [b"1", b"2", b""]
+    finally:
+        journal.close()
+        store.close()
