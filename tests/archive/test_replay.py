@@ -76,6 +76,28 @@ def test_queue_rules_follow_the_replies() -> None:
     assert state.unreadable == 1
 
 
+def test_a_retry_answered_with_the_first_send_adds_nothing() -> None:
+    """An `Idempotency-Key` retry (decision 0016) is a new command whose 201 names the first
+    send's msg_id, even once that message was acknowledged: it stored nothing."""
+    create = _cmd(schemas.CreateQueue, "c1", queue=Q, sender=S, recipient_key=KEY)
+    first = _cmd(schemas.SendMessage, "c2", sender=S, msg_id="m1", body="YQ", key="order-1")
+    retry = _cmd(schemas.SendMessage, "c3", sender=S, msg_id="m2", body="Yg", key="order-1")
+    items = [
+        (create, _reply("c1", 201, {})),
+        (first, _reply("c2", 201, {"msg_id": "m1", "ts": 100})),
+        (retry, _reply("c3", 201, {"msg_id": "m1", "ts": 100})),
+        (_cmd(schemas.AckMessage, "c4", msg_id="m1", **SIGNED), _reply("c4", 204)),
+        (
+            _cmd(schemas.SendMessage, "c5", sender=S, msg_id="m3", body="Yg", key="order-1"),
+            _reply("c5", 201, {"msg_id": "m1", "ts": 100}),
+        ),
+    ]
+    history = [replay.Answered(3, offset, c, r) for offset, (c, r) in enumerate(items)]
+    assert replay.replay_queues(history).all_messages() == []
+    without_ack = history[:3]
+    assert [m.msg_id for m in replay.replay_queues(without_ack).all_messages()] == ["m1"]
+
+
 def test_delete_removes_the_queue_and_default_ttl_applies() -> None:
     delete = replay.Answered(3, 50, _cmd(schemas.DeleteQueue, "d", **SIGNED), _reply("d", 204))
     history = [*_history()[:3], delete]

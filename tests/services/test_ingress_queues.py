@@ -19,6 +19,7 @@ import pytest
 from relay_bus import schemas, topics
 from relay_bus.consumers import Received
 from relay_ingress import asking
+from relay_ingress.queues import SEND_UNKNOWN
 from relay_queues import auth, ids
 from relay_routes.subscriptions import Entry
 from tests.services.loopback import INSTANCE, PARTITIONS, Recipient, Relay, WsClient, error
@@ -240,7 +241,7 @@ async def test_no_reply_is_503_and_the_late_command_is_dropped_unapplied(
         waited = time.monotonic() - asked
         assert (late.status_code, late.json()) == (
             503,
-            {"error": "UNAVAILABLE", "detail": "no answer within 0.2 s; nothing was stored"},
+            {"error": "UNAVAILABLE", "detail": f"no answer within 0.2 s; {SEND_UNKNOWN}"},
         )
         assert waited >= 0.2 + asking.REPLY_GRACE_S
         send, _ = _commands(relay)[-1]
@@ -316,7 +317,7 @@ async def test_a_reply_of_another_shape_or_for_another_instance_is_not_an_answer
         origins.append("ingress-9")
         assert await ask_send() == (
             503,
-            {"error": "UNAVAILABLE", "detail": "no answer within 0.2 s; nothing was stored"},
+            {"error": "UNAVAILABLE", "detail": f"no answer within 0.2 s; {SEND_UNKNOWN}"},
         )
         assert len(_commands(relay)) == 7
 

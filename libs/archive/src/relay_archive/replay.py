@@ -9,8 +9,9 @@ So a command changes the rebuilt state exactly as its reply says it changed the 
 
 - `create` 201: the queue exists (active);
 - `send` 201: message `msg_id` appended with the reply's `ts`, expiring `ttl_s` (or the
-  default) later; 429 `QUOTA`: the quota marker appended (its `msg_id` is the refused send's),
-  unless the queue already ends with one;
+  default) later, unless the reply names another msg_id (a retry with an `Idempotency-Key`,
+  answered with the first send's, stored nothing); 429 `QUOTA`: the quota marker appended
+  (its `msg_id` is the refused send's), unless the queue already ends with one;
 - `ack` 200/204: message `msg_id` removed (it was the head); `suspend` 200: suspended;
   `delete` 204: the queue and its messages are gone; reads (`info`, `head`, `sub`) change
   nothing that a rebuild keeps (a `head` may drop expired messages: expiry is applied at the
@@ -161,7 +162,10 @@ def _apply(
                 return
             messages = state.messages[queue]
             if status == 201 and reply.data is not None:
-                if any(m.msg_id == command.msg_id for m in messages):
+                # A retry answered with an earlier send's msg_id (its Idempotency-Key, decision
+                # 0016) stored nothing; so did a producer retry of a message still queued.
+                answered = reply.data.get("msg_id", command.msg_id)
+                if answered != command.msg_id or any(m.msg_id == command.msg_id for m in messages):
                     return
                 ts = int(reply.data["ts"])
                 ttl_s = command.ttl_s if command.ttl_s is not None else DEFAULT_TTL_S

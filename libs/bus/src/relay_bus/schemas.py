@@ -113,6 +113,10 @@ class SendMessage(_QueueCommand):
     body: str
     """b64u."""
     ttl_s: int | None = None
+    key: str | None = None
+    """The client's `Idempotency-Key`, if it sent one (added within v2: records without it
+    still decode). The queue-writer stores a send once per key, else once per msg_id
+    (`relay_queues.idempotency`)."""
 
 
 class _RecipientCommand(_QueueCommand):

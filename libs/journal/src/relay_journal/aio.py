@@ -45,10 +45,19 @@ class AsyncJournal:
         return self._wait(lsn)
 
     async def write(
-        self, queue_id: str, msg_id: bytes, body: bytes, *, ts_ms: int, expires_ms: int = 0
+        self,
+        queue_id: str,
+        msg_id: bytes,
+        body: bytes,
+        *,
+        ts_ms: int,
+        expires_ms: int = 0,
+        key: bytes = b"",
     ) -> int:
         try:
-            lsn = self.journal.write(queue_id, msg_id, body, ts_ms=ts_ms, expires_ms=expires_ms)
+            lsn = self.journal.write(
+                queue_id, msg_id, body, ts_ms=ts_ms, expires_ms=expires_ms, key=key
+            )
         except Exception:
             # A quota refusal may have logged the marker: it must be durable before the
             # refusal is reported, like any other change.

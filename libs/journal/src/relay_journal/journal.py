@@ -15,7 +15,10 @@ Invariants:
   starts a new WAL segment and deletes the old ones;
 - marks (`mark`) are logged in order with the changes and carried by every checkpoint: after a
   crash, `marks` holds each key's last value whose record is durable, so a caller that marks
-  what it is about to apply before applying it never applies it twice.
+  what it is about to apply before applying it never applies it twice;
+- a write given a send key logs the key in the message's own record, and `sent` answers it
+  with the first message's id and timestamp for `send_key_window_s`, across restarts
+  (`relay_journal.keys`).
 
 Not thread-safe: call it from one thread (the service's event loop); only `Wal.sync_to` may run
 on another thread (see `relay_journal.aio`).
@@ -35,7 +38,7 @@ from pathlib import Path
 import structlog
 
 from relay_durable.appendlog import fsync_dir
-from relay_journal import errors, layout, records
+from relay_journal import errors, keys, layout, records
 from relay_journal.queue import OpenQueue, new_file_id, read_state_file, span_bytes
 from relay_journal.records import (
     FLAG_QUOTA,
@@ -58,6 +61,10 @@ PREPARE_STEP_BYTES = 1 << 20
 after a checkpoint (an idle one, most tests) never zero-fills a spare."""
 
 _libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
 
 
 def _syncfs(path: Path) -> None:
@@ -137,6 +144,9 @@ class QueueJournal:
         self._emptied_in_replay: set[str] = set()
         self._missing_in_replay: dict[str, tuple[str, int]] = {}
         """Queue → (file, unread messages) of write files found missing during the replay."""
+        self.sent_keys = keys.SentKeys(self.root, settings.send_key_window_s * 1000)
+        """Send key → the first message written with it, for the window."""
+        self.sent_keys.load(_now_ms())
         segments = list_segments(self.root)
         self.wal = Wal(
             self.root,
@@ -253,10 +263,19 @@ class QueueJournal:
                 raise errors.QueueExists(queue_id)
 
     def write(
-        self, queue_id: str, msg_id: bytes, body: bytes, *, ts_ms: int, expires_ms: int = 0
+        self,
+        queue_id: str,
+        msg_id: bytes,
+        body: bytes,
+        *,
+        ts_ms: int,
+        expires_ms: int = 0,
+        key: bytes = b"",
     ) -> int:
         """Append a message; returns its lsn. At the quota the first refusal appends the quota
-        marker; refusals raise `QuotaExceeded` or `QueueSuspended`.
+        marker; refusals raise `QuotaExceeded` or `QueueSuspended`. A `key` (1 to 255 bytes,
+        the caller's name for this send, unique across queues) is logged in the message's
+        record and answered by `sent` from then on; a refused write logs no key.
 
         The hot path of the engine: it encodes the message once and the log record from it,
         with no intermediate record object (a replay of the record goes through `apply`)."""
@@ -264,6 +283,8 @@ class QueueJournal:
             raise ValueError("msg_id must be 24 bytes")
         if len(body) > MAX_BODY_BYTES:
             raise ValueError("body too large")
+        if len(key) > keys.MAX_KEY_BYTES:
+            raise ValueError(f"send keys are at most {keys.MAX_KEY_BYTES} bytes")
         opened = self._open
         queue = opened.get(queue_id)
         if queue is None:
@@ -289,15 +310,22 @@ class QueueJournal:
         if quota:
             data, logged = encode_write(lsn, prefix, msg_id, ts_ms, 0, b"", FLAG_QUOTA)
         else:
-            data, logged = encode_write(lsn, prefix, msg_id, ts_ms, expires_ms, body, 0)
+            data, logged = encode_write(lsn, prefix, msg_id, ts_ms, expires_ms, body, 0, key)
         log_file = wal.file
         log_file.append(lsn, logged)
         queue.append(file, data, quota, lsn)
+        if key and not quota:
+            self.sent_keys.add(key, keys.Sent(msg_id, ts_ms))  # before a checkpoint saves keys
         if self.auto_sync or log_file.file_bytes >= self._segment_limit:
             self._after_log(lsn)
         if quota:
             raise errors.QuotaExceeded(queue_id)
         return lsn
+
+    def sent(self, key: bytes, now_ms: int) -> keys.Sent | None:
+        """The message first written with send `key` (its id and timestamp), if that was
+        less than `send_key_window_s` before `now_ms`."""
+        return self.sent_keys.get(key, now_ms)
 
     def peek(self, queue_id: str, *, now_ms: int | None = None) -> Message | None:
         """The head message (cached after the first read), dropping expired ones first."""
@@ -439,6 +467,7 @@ class QueueJournal:
         self.wal.flush()
         for queue in self._open.values():
             queue.save_state(self.settings)
+        self.sent_keys.persist(_now_ms())  # durable by the syncfs, before the WAL is retired
         _syncfs(self.root)
         old = self.wal.rotate(last=last)
         self._segment_limit = self._prepare_step or self.settings.wal_segment_bytes
@@ -465,6 +494,10 @@ class QueueJournal:
             count += 1
             if record.op is Op.DROP:
                 last_drop[record.queue] = record.lsn
+            elif record.op is Op.WRITE_KEYED and record.message is not None:
+                self.sent_keys.add(
+                    record.key, keys.Sent(record.message.msg_id, record.message.ts_ms)
+                )
             elif record.marks is not None:  # MARK, or a CHECKPOINT carrying every mark
                 if record.op is Op.CHECKPOINT:
                     self.marks = dict(record.marks)

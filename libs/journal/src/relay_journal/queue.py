@@ -271,7 +271,7 @@ class OpenQueue:
 
     def apply(self, record: records.LogRecord) -> None:
         """Apply one logged change (live or during replay); sets `state.lsn`."""
-        if record.op is records.Op.WRITE:
+        if record.op is records.Op.WRITE or record.op is records.Op.WRITE_KEYED:
             assert record.message is not None
             message = record.message
             data = record.message_bytes or records.encode_message(message)

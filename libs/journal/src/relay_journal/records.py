@@ -15,6 +15,9 @@ Formats (version 1):
   op fields`, crc over everything after it. MARK records (op 5) carry a mark's key in the queue
   id field and its value as the op field; a CHECKPOINT may carry every mark as a JSON object
   (both added within version 1: logs written before have neither, and read as no marks).
+  WRITE_KEYED records (op 6, also added within version 1) are WRITE records whose fields carry
+  the send key after the file id (`u8 key length | key`), so a message and the key that names
+  its send are durable together (`relay_journal.keys`); logs written before have none.
 """
 
 from __future__ import annotations
@@ -166,6 +169,7 @@ class Op(IntEnum):
     SUSPEND = 3  # no fields
     DROP = 4  # no fields: the queue folder is removed (delete, or empty and closed)
     MARK = 5  # queue id field = the mark's key; fields: the value, UTF-8
+    WRITE_KEYED = 6  # fields: u8 file id length | file id | u8 key length | key | message record
     CHECKPOINT = 9  # queue id empty; every queue's state on disk covers the lsns before it;
     # fields: every mark as a JSON object, or nothing
 
@@ -186,16 +190,19 @@ class LogRecord(NamedTuple):
     """`encode_message(message)`, computed once by the writer and reused when applying."""
     marks: dict[str, str] | None = None
     """MARK: `{key: value}` of the one mark; CHECKPOINT: every mark."""
+    key: bytes = b""
+    """WRITE_KEYED: the send key logged with the message (1 to 255 bytes)."""
 
 
 def encode_log(record: LogRecord) -> bytes:
     queue = record.queue.encode()
     payload = _LOG_HEAD.pack(1, record.op, record.lsn, len(queue)) + queue
-    if record.op == Op.WRITE:
+    if record.op in (Op.WRITE, Op.WRITE_KEYED):
         assert record.message is not None
         file = record.file.encode()
         data = record.message_bytes or encode_message(record.message)
-        payload = b"".join((payload, bytes((len(file),)), file, data))
+        key = bytes((len(record.key),)) + record.key if record.op == Op.WRITE_KEYED else b""
+        payload = b"".join((payload, bytes((len(file),)), file, key, data))
     elif record.op == Op.ACK:
         payload += record.msg_id + bytes((record.expired,))
     elif record.op == Op.MARK:
@@ -207,6 +214,7 @@ def encode_log(record: LogRecord) -> bytes:
 
 
 _WRITE_OP = int(Op.WRITE)
+_WRITE_KEYED_OP = int(Op.WRITE_KEYED)
 
 
 _WRITE_HEAD = struct.Struct(">BBQ")  # `_LOG_HEAD` up to the queue's length byte
@@ -219,16 +227,53 @@ def write_log_prefix(queue: bytes, file: bytes) -> bytes:
 
 
 def encode_write(
-    lsn: int, prefix: bytes, msg_id: bytes, ts_ms: int, expires_ms: int, body: bytes, flags: int
+    lsn: int,
+    prefix: bytes,
+    msg_id: bytes,
+    ts_ms: int,
+    expires_ms: int,
+    body: bytes,
+    flags: int,
+    key: bytes = b"",
 ) -> tuple[bytes, bytes]:
-    """The write path's fast form of `encode_message` and of `encode_log` of the WRITE record
-    holding it, in one call and without a `Message` (the bytes are identical). `prefix` is
-    `write_log_prefix(queue, file)`."""
+    """The write path's fast form of `encode_message` and of `encode_log` of the WRITE (or,
+    with a `key`, WRITE_KEYED) record holding it, in one call and without a `Message` (the
+    bytes are identical). `prefix` is `write_log_prefix(queue, file)`."""
     fixed = _MSG_FIXED.pack(msg_id, ts_ms, expires_ms)
     crc = zlib.crc32(body, zlib.crc32(fixed, flags))
     message = _MSG_HEAD.pack(1, flags, len(body), crc) + fixed + body
-    payload = b"".join((_WRITE_HEAD.pack(1, _WRITE_OP, lsn), prefix, message))
+    if key:
+        head = _WRITE_HEAD.pack(1, _WRITE_KEYED_OP, lsn)
+        payload = b"".join((head, prefix, bytes((len(key),)), key, message))
+    else:
+        payload = b"".join((_WRITE_HEAD.pack(1, _WRITE_OP, lsn), prefix, message))
     return message, _LOG_FRAME.pack(len(payload), zlib.crc32(payload)) + payload
+
+
+def _decode_write(op: Op, lsn: int, queue: str, payload: bytes, at: int) -> LogRecord:
+    """The fields of a WRITE or WRITE_KEYED record, from `at` in its payload (a checksum-valid
+    record cut short is a `RecordError`, like any other)."""
+    if at >= len(payload):
+        raise RecordError("torn write record")
+    flen = payload[at]
+    try:
+        file = payload[at + 1 : at + 1 + flen].decode()
+    except UnicodeDecodeError:
+        raise RecordError("file id is not UTF-8") from None
+    at += 1 + flen
+    key = b""
+    if op is Op.WRITE_KEYED:
+        if at >= len(payload):
+            raise RecordError("torn send key")
+        klen = payload[at]
+        key = payload[at + 1 : at + 1 + klen]
+        if not key or len(key) != klen:
+            raise RecordError("torn or empty send key")
+        at += 1 + klen
+    message, _ = decode_message(payload, at)
+    return LogRecord(
+        op, lsn, queue, file=file, message=message, message_bytes=payload[at:], key=key
+    )
 
 
 def decode_log(data: bytes | memoryview, offset: int) -> tuple[LogRecord, int]:
@@ -252,12 +297,8 @@ def decode_log(data: bytes | memoryview, offset: int) -> tuple[LogRecord, int]:
     at = _LOG_HEAD.size
     queue = payload[at : at + qlen].decode()
     at += qlen
-    if op is Op.WRITE:
-        flen = payload[at]
-        file = payload[at + 1 : at + 1 + flen].decode()
-        message, _ = decode_message(payload, at + 1 + flen)
-        data = payload[at + 1 + flen :]
-        return LogRecord(op, lsn, queue, file=file, message=message, message_bytes=data), end
+    if op is Op.WRITE or op is Op.WRITE_KEYED:
+        return _decode_write(op, lsn, queue, payload, at), end
     if op is Op.ACK:
         return LogRecord(
             op,

@@ -33,6 +33,9 @@ class JournalSettings:
     An fdatasync over written blocks skips the filesystem's own journal commit (~99 against
     ~165 µs here, decision 0004). Costs one spare segment of disk space, and on a fresh store
     two segments' worth of zeros written before recycling takes over."""
+    send_key_window_s: int = 24 * 3600
+    """How long a send key (`QueueJournal.write(key=...)`) is answered after its message's
+    timestamp; its key file is deleted within a 24th of this after (`relay_journal.keys`)."""
     state_compact_lines: int = 16  # queue.log lines before it is compacted to one
     state_backups_keep: int = 3  # newest queue.<ts>.log backups always kept
     state_backups_max_age_s: int = 7 * 24 * 3600  # older backups beyond the newest N are removed
@@ -42,5 +45,7 @@ class JournalSettings:
             raise ValueError("need 0 < max_queue_messages < max_file_messages")
         if not self.path_fragments or any(n <= 0 for n in self.path_fragments):
             raise ValueError("path_fragments must be positive lengths")
+        if self.send_key_window_s < 1:
+            raise ValueError("send_key_window_s must be at least 1")
         if self.max_open_queues < 1:
             raise ValueError("max_open_queues must be at least 1")

@@ -7,8 +7,11 @@ Invariants:
   in the store log), and carries the event delivery must see, with the queue's current head;
 - recipient commands are refused with the same AUTH whether the queue is unknown or the
   signature is wrong (`relay_queues.auth.verify`);
-- a SEND whose msg_id this writer has recently stored is answered as the first one was and
-  stored once (a producer retry puts a command on Kafka twice).
+- a SEND is stored once per identity (`relay_queues.idempotency`: its `Idempotency-Key`, else
+  its msg_id, which a producer retry repeats): within the journal's window a second one is
+  answered with the first one's msg_id and ts and changes nothing, across restarts (the
+  identity is logged with the message, `relay_journal.keys`); the body of the second is not
+  compared (API.md: the key names the send).
 
 Synchronous and single-threaded, over the synchronous engines: the service applies commands one
 after another on its event loop and waits for durability outside.
@@ -17,7 +20,6 @@ after another on its event loop and waits for durability outside.
 from __future__ import annotations
 
 import hmac
-from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -25,14 +27,12 @@ from relay_durable.outcome import Outcome
 from relay_journal import errors as journal_errors
 from relay_journal.journal import QueueJournal
 from relay_journal.records import Message
-from relay_queues import auth, ids
+from relay_queues import auth, idempotency, ids
 from relay_queues.delivery import Head, Subscriber
 from relay_storelog.records import QueueRecord
 from relay_storelog.store import StoreLog
 
 DEFAULT_TTL_S = 21 * 24 * 3600
-RECENT_SENDS = 100_000
-"""msg_ids remembered to recognise a SEND put on Kafka twice."""
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,6 @@ class QueueRules:
         self.journal = journal
         self.store = store
         self.default_ttl_s = default_ttl_s
-        self._recent: OrderedDict[str, int] = OrderedDict()
         self._last_order = 0
 
     @property
@@ -129,22 +128,39 @@ class QueueRules:
         return QueueOutcome(201, answer, seq=ids.Seq(self.store.new(record)))
 
     def send(
-        self, sender: ids.SenderId, msg_id: str, body: bytes, ttl_s: int | None, now_ms: int
+        self,
+        sender: ids.SenderId,
+        msg_id: str,
+        body: bytes,
+        ttl_s: int | None,
+        now_ms: int,
+        key: str | None = None,
     ) -> QueueOutcome:
+        """Store a message, once per identity (`key`, the client's Idempotency-Key, else
+        `msg_id`); a send already stored within the window is answered as it was, even if
+        its queue has since been suspended."""
+        send_key = idempotency.identity(sender, key, msg_id)  # ValueError: a malformed key
         record = self.store.by_sender(sender)
         if record is None:
             return refused(404, "NOT_FOUND", "unknown sender id")
         queue = ids.QueueId(record.recipient_id)
+        first = self.journal.sent(send_key, now_ms)
+        if first is not None:
+            # Answered once the first is durable: it may be in this very fsync round.
+            answer = {"msg_id": ids.b64u(first.msg_id), "ts": first.ts_ms}
+            return QueueOutcome(201, answer, lsn=self._lsn())
         if record.status == "suspended":
             return refused(403, "FORBIDDEN", "queue suspended")
-        first_ts = self._recent.get(msg_id)
-        if first_ts is not None:
-            return QueueOutcome(201, {"msg_id": msg_id, "ts": first_ts}, lsn=self._lsn())
         ttl_ms = (ttl_s if ttl_s is not None else self.default_ttl_s) * 1000
         try:
             lsn = ids.Lsn(
                 self.journal.write(
-                    queue, ids.id_bytes(msg_id), body, ts_ms=now_ms, expires_ms=now_ms + ttl_ms
+                    queue,
+                    ids.id_bytes(msg_id),
+                    body,
+                    ts_ms=now_ms,
+                    expires_ms=now_ms + ttl_ms,
+                    key=send_key,
                 )
             )
         except journal_errors.QuotaExceeded:
@@ -155,9 +171,6 @@ class QueueRules:
             )
         except journal_errors.QueueSuspended:
             return refused(403, "FORBIDDEN", "queue suspended")
-        self._recent[msg_id] = now_ms
-        if len(self._recent) > RECENT_SENDS:
-            self._recent.popitem(last=False)
         event = self._event("changed", queue, now_ms)
         return QueueOutcome(201, {"msg_id": msg_id, "ts": now_ms}, lsn=lsn, events=[event])
 

@@ -123,18 +123,20 @@ async def command(
     partition: int,
     wait_s: float,
     record: type[schemas.QueueCommand],
+    unknown: str = "the command may have been applied",
     **fields: Any,
 ) -> schemas.QueueReply:
     """Send a queue command (`record`, built from `fields`) to `partition` and wait for its
     reply; the reply's refusal (if any) is raised as the API error it names. 503 when no answer
-    comes within `wait_s`: the command expires unapplied at the queue-writer (its deadline is
-    in the record)."""
+    comes within `wait_s`, with `unknown` saying what the asker may assume: a queue-writer
+    that holds the command past its deadline drops it, but one killed between its fsync and
+    its reply has applied it."""
     reply = await _one_reply(
         ctx,
         record(**_routing(ctx, wait_s), **fields),
         topics.QUEUE_COMMANDS,
         wait_s=wait_s,
-        timeout_detail=f"no answer within {wait_s:g} s; nothing was stored",
+        timeout_detail=f"no answer within {wait_s:g} s; {unknown}",
         partition=partition,
     )
     assert isinstance(reply, schemas.QueueReply)

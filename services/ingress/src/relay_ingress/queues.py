@@ -7,7 +7,9 @@ Invariants:
   here from the request as received (`relay_queues.auth.rest_text`);
 - a recipient command with a wrong signature or for an unknown queue gets the same AUTH answer
   (the queue-writer verifies against the stored key);
-- SEND answers 201 only after the queue-writer has made the message durable.
+- SEND answers 201 only after the queue-writer has made the message durable; a malformed
+  `Idempotency-Key` (`relay_queues.idempotency`) is refused before anything reaches Kafka, and
+  a SEND that gets no answer says it may have been stored (a retry with the same key is safe).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from relay_ingress import asking
 from relay_ingress.checks import B64U_PATTERN, JSON_INTEGER, StrictBody
 from relay_ingress.context import Context, Ctx
 from relay_ingress.errors import ApiError, documented
-from relay_queues import auth, ids
+from relay_queues import auth, idempotency, ids
 
 router = APIRouter(
     prefix="/v1", tags=["queues"], responses=documented(400, 401, 403, 404, 413, 429, 503)
@@ -138,10 +140,44 @@ async def create_queue(ctx: Ctx, new: NewQueue) -> schemas.QueueCreated:
     return _required(reply, schemas.QueueCreated)
 
 
+SEND_UNKNOWN = (
+    "the message may have been stored; a retry with the same Idempotency-Key is safe "
+    "(it answers the first send's msg_id and stores nothing new)"
+)
+
+
+def _idempotency_key(request: Request) -> str | None:
+    """The request's `Idempotency-Key`, checked (BAD_REQUEST if malformed or repeated)."""
+    values = request.headers.getlist("idempotency-key")
+    if not values:
+        return None
+    if len(values) > 1:
+        raise ApiError(400, "BAD_REQUEST", "Idempotency-Key: given more than once")
+    try:
+        return idempotency.check_key(values[0])
+    except ValueError as error:
+        raise ApiError(400, "BAD_REQUEST", str(error)) from None
+
+
 @router.post("/send/{sender_id}", status_code=201, response_model=schemas.Sent)
-async def send(ctx: Ctx, sender_id: IdPath, message: NewMessage) -> schemas.Sent:
+async def send(
+    ctx: Ctx,
+    request: Request,
+    sender_id: IdPath,
+    message: NewMessage,
+    _key: Annotated[
+        str | None,
+        Header(
+            alias="Idempotency-Key",
+            pattern=f"^{idempotency.KEY_PATTERN.pattern}$",
+            description="1-64 chars of [A-Za-z0-9_-]: a retry with the same key within the "
+            "window answers the first send's msg_id and ts and stores nothing new",
+        ),
+    ] = None,
+) -> schemas.Sent:
     """201 only once the message is durable; QUOTA when full (the first refusal also queues one
     quota marker for the recipient)."""
+    key = _idempotency_key(request)
     body = _b64u(message.body, "body")
     if len(body) > ctx.config.max_body_bytes:
         raise ApiError(413, "TOO_LARGE", f"body over {ctx.config.max_body_bytes} bytes")
@@ -151,9 +187,11 @@ async def send(ctx: Ctx, sender_id: IdPath, message: NewMessage) -> schemas.Sent
         ctx.config.request_timeout_s,
         schemas.SendMessage,
         sender=sender_id,
+        unknown=SEND_UNKNOWN,
         msg_id=ids.new_id(),
         body=message.body,
         ttl_s=message.ttl_s,
+        key=key,
     )
     return _required(reply, schemas.Sent)
 

@@ -20,6 +20,7 @@ from relay_queue_writer import announce
 from relay_queue_writer.admin import AdminRequests
 from relay_queue_writer.commands import Commands
 from relay_queue_writer.stores import Stores
+from relay_queues import idempotency
 from relay_runtime import ownership, settings
 from relay_runtime.probes import probe_routes
 from relay_runtime.readiness import Readiness
@@ -35,6 +36,11 @@ class QueueWriterSettings(settings.ServiceSettings):
     """Seconds between store-log dumps; 0 switches the timer off (the operator drives dumps)."""
     expire_interval_s: float = Field(3600.0, gt=0)
     """Seconds between sweeps dropping expired messages from every queue."""
+    idempotency_window_s: int = Field(idempotency.DEFAULT_WINDOW_S, ge=1)
+    """How long a SEND is remembered by its `Idempotency-Key` (or, without one, its msg_id,
+    which a Kafka producer retry repeats): a retry within it is answered with the first
+    send's msg_id and stores nothing, across restarts. Memory and disk grow with the sends
+    of one window."""
     store_repair: bool = False
     """Start even if the store log has unreadable records in the middle, skipping them (each
     is logged). Off by default: such a start loses the skipped changes."""
@@ -47,7 +53,13 @@ def build(config: QueueWriterSettings) -> tuple[FastAPI, BusLifecycle]:
     ordinal = ownership.resolve_ordinal(config.data)
     replicas = config.data.replicas
     owned = ownership.owned_partitions(config.kafka.partitions, ordinal, replicas)
-    stores = Stores(config.data.dir, readiness, config.dump_interval_s, repair=config.store_repair)
+    stores = Stores(
+        config.data.dir,
+        readiness,
+        config.dump_interval_s,
+        repair=config.store_repair,
+        idempotency_window_s=config.idempotency_window_s,
+    )
     admin = AdminRequests(bus, stores, config.instance)
     commands = Commands(bus, stores, config.kafka.partitions, config.expire_interval_s)
 

@@ -10,6 +10,9 @@ Invariants:
   offset>`) is marked in the journal's log, in order with the changes, so no change is durable
   without it; after a restart each partition is read from its mark, and a record before the
   mark (consumed twice) is skipped. A broker that lost its log (a new epoch) is read from 0;
+- a SEND put on Kafka twice (a producer retry), even across a restart, or sent again with the
+  same `Idempotency-Key`, is stored once: `QueueRules.send` checks its identity against the
+  journal's send keys;
 - malformed fields get BAD_REQUEST and change nothing (the ingress validates first; this is the
   second line).
 """
@@ -98,7 +101,7 @@ class Commands:
             return rules.create(queue, sender, command.recipient_key, now)
         if isinstance(command, schemas.SendMessage):
             sender, body = ids.SenderId(command.sender), ids.unb64u(command.body)
-            return rules.send(sender, command.msg_id, body, command.ttl_s, now)
+            return rules.send(sender, command.msg_id, body, command.ttl_s, now, command.key)
         queue = ids.QueueId(command.queue)
         signed = Signed(command.signed, ids.unb64u(command.sig))
         match command:

@@ -15,6 +15,7 @@ import structlog
 
 from relay_journal.aio import AsyncJournal
 from relay_journal.settings import JournalSettings
+from relay_queues import idempotency
 from relay_runtime import exits
 from relay_runtime.readiness import Readiness
 from relay_storelog.aio import AsyncStoreLog
@@ -25,9 +26,16 @@ log = structlog.get_logger(__name__)
 
 class Stores:
     def __init__(
-        self, data_dir: Path, readiness: Readiness, dump_interval_s: float, *, repair: bool
+        self,
+        data_dir: Path,
+        readiness: Readiness,
+        dump_interval_s: float,
+        *,
+        repair: bool,
+        idempotency_window_s: int = idempotency.DEFAULT_WINDOW_S,
     ) -> None:
         self.data_dir = data_dir
+        self.idempotency_window_s = idempotency_window_s
         self.repair = repair
         self.readiness = readiness
         self.dump_interval_s = dump_interval_s
@@ -38,7 +46,11 @@ class Stores:
 
     async def open(self) -> None:
         try:
-            self.journal = AsyncJournal(JournalSettings(root=self.data_dir / "journal"))
+            self.journal = AsyncJournal(
+                JournalSettings(
+                    root=self.data_dir / "journal", send_key_window_s=self.idempotency_window_s
+                )
+            )
             await self.journal.start()
             self.store = AsyncStoreLog(
                 StoreLogSettings(root=self.data_dir / "store"), repair=self.repair
