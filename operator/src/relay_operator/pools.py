@@ -1,0 +1,87 @@
+"""Partition ownership of a pool (queue-writers or retainers) and the moves a scale needs.
+
+An assignment is a list: index = partition, value = the ordinal that owns it. Today's services
+derive theirs from `p mod n` (`initial`); the fenced, generation-numbered assignment replaces that
+rule, and `plan` is written for it.
+
+Invariants of `plan(assignment, wanted)`: applying its moves leaves every partition owned by one
+ordinal below `wanted`; the partitions per ordinal differ by at most one; a partition moves only
+when its owner is being removed or owns more than its share, so a scale moves as few partitions
+as balance allows (tested with hypothesis in tests/operator/test_rules.py). Pure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SCALE_BLOCKED = "ScaleBlocked"
+
+
+@dataclass(frozen=True)
+class Move:
+    partition: int
+    source: int
+    target: int
+
+
+def initial(partitions: int, replicas: int) -> list[int]:
+    """The assignment services use before generations exist: partition p on ordinal p mod n."""
+    return [p % replicas for p in range(partitions)]
+
+
+def plan(assignment: list[int], wanted: int) -> list[Move]:
+    """The moves that take `assignment` to `wanted` ordinals, balanced; in partition order."""
+    if wanted < 1:
+        raise ValueError("a pool needs at least one instance")
+    partitions = len(assignment)
+    owned: dict[int, list[int]] = {k: [] for k in range(wanted)}
+    homeless: list[int] = []
+    for partition, owner in enumerate(assignment):
+        (owned[owner] if owner < wanted else homeless).append(partition)
+    base, extra = divmod(partitions, wanted)
+    # The ordinals that already hold the most keep the extra partitions: fewer moves.
+    by_load = sorted(owned, key=lambda k: (-len(owned[k]), k))
+    share = {k: base + (1 if rank < extra else 0) for rank, k in enumerate(by_load)}
+    for k in range(wanted):
+        while len(owned[k]) > share[k]:
+            homeless.append(owned[k].pop())
+    homeless.sort()
+    moves: list[Move] = []
+    for partition in homeless:
+        target = min((k for k in range(wanted) if len(owned[k]) < share[k]), key=lambda k: k)
+        owned[target].append(partition)
+        moves.append(Move(partition, assignment[partition], target))
+    return sorted(moves, key=lambda m: m.partition)
+
+
+def apply(assignment: list[int], moves: list[Move]) -> list[int]:
+    result = list(assignment)
+    for move in moves:
+        if result[move.partition] != move.source:
+            raise ValueError(f"partition {move.partition} is not on ordinal {move.source}")
+        result[move.partition] = move.target
+    return result
+
+
+def blocked_message(service: str, held: int, wanted: int, moves: list[Move]) -> str:
+    """ScaleBlocked's message while moves cannot run: says so, and what the scale would take."""
+    return (
+        f"{service}: {held} -> {wanted} instances needs {len(moves)} partition move(s) "
+        f"({', '.join(f'p{m.partition} {m.source}->{m.target}' for m in moves)}); "
+        "partition moves are not implemented yet, so the StatefulSet stays at "
+        f"{held} and no partition changes owner (the moves are recorded as Planned "
+        f"RelayPartitionMoves; set spec.replicas back to {held} to clear this)"
+    )
+
+
+def move_name(pool: str, generation: int, move: Move) -> str:
+    """One name per (pool, generation, partition): creating it twice is a no-op (409)."""
+    return f"{pool}-g{generation}-p{move.partition}"
+
+
+def restore_replicas(held: int | None, actual: int | None) -> int | None:
+    """The StatefulSet's replica count to put back after someone edited it directly, or None
+    when it already matches the owners in force (or the pool has not adopted it yet)."""
+    if held is None or actual is None or held == actual:
+        return None
+    return held
