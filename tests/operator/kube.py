@@ -31,6 +31,7 @@ import asyncio
 import copy
 import datetime
 import itertools
+import json
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -81,6 +82,8 @@ class Fault:
     plural: str
     statuses: list[int]
     subresource: str | None = None
+    when: Callable[[Any], bool] | None = None
+    """Only requests whose parsed body this accepts (None: every matching request)."""
     hits: list[int] = field(default_factory=list)
 
 
@@ -151,10 +154,16 @@ class ApiServer(kmock.KubernetesEmulator):
             self.schemas[resource] = version["schema"]["openAPIV3Schema"]
 
     def inject(
-        self, method: str, plural: str, statuses: list[int], subresource: str | None = None
+        self,
+        method: str,
+        plural: str,
+        statuses: list[int],
+        subresource: str | None = None,
+        when: Callable[[Any], bool] | None = None,
     ) -> Fault:
-        """The next `len(statuses)` `method` requests on `plural` fail with these statuses."""
-        fault = Fault(method.upper(), plural, list(statuses), subresource)
+        """The next `len(statuses)` `method` requests on `plural` (whose body `when` accepts)
+        fail with these statuses."""
+        fault = Fault(method.upper(), plural, list(statuses), subresource, when)
         self.faults.append(fault)
         return fault
 
@@ -166,6 +175,7 @@ class ApiServer(kmock.KubernetesEmulator):
                 and request.resource is not None
                 and request.resource.plural == fault.plural
                 and request.subresource == fault.subresource
+                and (fault.when is None or fault.when(request.data))
             ):
                 status = fault.statuses.pop(0)
                 fault.hits.append(status)
@@ -304,6 +314,11 @@ class Served:
                 and r.resource.plural == plural
             ]
         )
+
+    def sent(self, method: str, plural: str) -> list[Any]:
+        """The bodies clients sent with these requests, as sent (the emulator stamps its own
+        copy with metadata)."""
+        return [json.loads(r.body) if r.body else None for r in self.requests(method, plural)]
 
     def create(self, doc: dict[str, Any]) -> dict[str, Any]:
         """POST `doc` as a client would (so it goes through the same checks)."""

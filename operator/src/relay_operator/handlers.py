@@ -366,7 +366,7 @@ async def _reconcile_storage(
             if code != 200:
                 raise relay.Unreachable(f"GET /ds/info answered {code}: {info.get('detail')}")
             wanted = dsreplicas.target(dict(spec), info)
-            drifted = dsreplicas.replicas(info, database) != wanted
+            drifted = dsreplicas.replicas(info, database) != sorted(wanted)
             refused_before = (
                 conditions.find(status.get("conditions"), dsreplicas.RECONCILED) or {}
             ).get("reason") == "Refused"
