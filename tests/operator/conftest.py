@@ -31,7 +31,8 @@ class Operator:
 
     def start(self) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("RELAY_", "KUBE"))}
-        env.update(KUBECONFIG=str(self.config), **self.env)
+        # A killed operator's peering entry pauses the next one until it expires: keep it short.
+        env.update(KUBECONFIG=str(self.config), RELAY_OPERATOR_PEERING_LIFETIME_S="3", **self.env)
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(
                 [

@@ -12,6 +12,7 @@ for kopf; this adapter closes those gaps and adds what the tests need to check t
   the OpenAPI v3 schema validated (jsonschema's draft 4 validator, OpenAPI 3.0's dialect) and
   every `x-kubernetes-validations` CEL rule evaluated (the `cel` package; `oldSelf` on updates);
   a refusal is 422 `Invalid` and changes nothing;
+- listings carry the newest resource version and a watch from it replays nothing older;
 - a JSON patch whose `test` of `metadata.resourceVersion` fails is 422, as kopf expects;
 - faults can be injected: the next matching requests fail with the given statuses *before* the
   emulator changes anything (kmock's own reactions answer after its state changed, which would
@@ -131,6 +132,7 @@ class ApiServer(kmock.KubernetesEmulator):
     schemas: dict[Any, dict[str, Any]] = attrs.field(factory=dict)
     faults: list[Fault] = attrs.field(factory=list)
     _versions: Iterator[int] = attrs.field(factory=lambda: itertools.count(1))
+    _version_now: int = 0
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -138,6 +140,27 @@ class ApiServer(kmock.KubernetesEmulator):
             self.resources[key] = kmock.ResourceInfo(
                 kind=kind, namespaced=namespaced, verbs={"list", "watch", "get", "patch"}
             )
+
+    def _next_version(self) -> str:
+        self._version_now = next(self._versions)
+        return str(self._version_now)
+
+    async def _serve_list(self, request: rendering.Request) -> Any:
+        """A listing carries the newest resource version, for the watch that follows it."""
+        answer = await super()._serve_list(request)
+        answer["metadata"]["resourceVersion"] = str(self._version_now)
+        return answer
+
+    async def _serve_watch(self, request: rendering.Request) -> Any:
+        """A watch from a resource version does not replay what is not newer (kmock sent every
+        object again as ADDED, so kopf saw old versions after its own patches)."""
+        since = request.params.get("resourceVersion", "")
+        async for event in super()._serve_watch(request):
+            if since.isdigit() and isinstance(event, dict) and event.get("type") == "ADDED":
+                version = event["object"].get("metadata", {}).get("resourceVersion", "0")
+                if version.isdigit() and int(version) <= int(since):
+                    continue
+            yield event
 
     def register(self, crd: dict[str, Any]) -> None:
         """Declare the CRD's resources (what a real server does once the CRD is established)."""
@@ -210,7 +233,7 @@ class ApiServer(kmock.KubernetesEmulator):
             meta.update(
                 uid=str(uuid.uuid4()),
                 creationTimestamp=_now(),
-                resourceVersion=str(next(self._versions)),
+                resourceVersion=self._next_version(),
                 generation=1,
             )
             self._check(request, request.data, None)
@@ -241,7 +264,7 @@ class ApiServer(kmock.KubernetesEmulator):
             {
                 "op": "add",
                 "path": "/metadata/resourceVersion",
-                "value": str(next(self._versions)),
+                "value": self._next_version(),
             }
         )
 
@@ -260,7 +283,7 @@ class ApiServer(kmock.KubernetesEmulator):
         if current is None or self.objects[key].deleted:
             return
         meta = patch.setdefault("metadata", {})
-        meta["resourceVersion"] = str(next(self._versions))
+        meta["resourceVersion"] = self._next_version()
         if "spec" in patch and patch["spec"] != current.get("spec"):
             meta["generation"] = current.get("metadata", {}).get("generation", 1) + 1
         merged = k8s_dicts.Object(copy.deepcopy(current))
@@ -415,3 +438,82 @@ def kubeconfig(path: Path, url: str, namespace: str) -> Path:
         )
     )
     return path
+
+
+@dataclass
+class Proxy:
+    """A recording proxy in front of Relay's ingress: kmock serves it, so every admin call the
+    operator makes is in its request log, while real Relay answers it."""
+
+    handler: kmock.RawHandler
+    url: str
+    loop: asyncio.AbstractEventLoop
+
+    def sent(self, method: str, path: str) -> list[Any]:
+        """The JSON bodies (None when empty) of the requests `method path` received."""
+
+        async def read() -> list[Any]:
+            return [
+                json.loads(r.body) if r.body else None
+                for r in list(self.handler)
+                if r.method.value.upper() == method.upper() and r.url.path == path
+            ]
+
+        return asyncio.run_coroutine_threadsafe(read(), self.loop).result(timeout=30)
+
+
+@contextmanager
+def proxy(target: str) -> Iterator[Proxy]:
+    """Serve a `Proxy` forwarding every request to `target` (method, path, query, headers, body
+    as received; the answer's status and body as Relay gave them)."""
+    import httpx
+
+    ready: dict[str, Any] = {}
+    started = threading.Event()
+    stop: asyncio.Future[None] | None = None
+
+    async def main() -> None:
+        nonlocal stop
+        async with (
+            httpx.AsyncClient(base_url=target, timeout=120) as client,
+            kmock.RawHandler() as handler,
+            kmock.Server(handler) as server,
+        ):
+
+            async def forward(request: rendering.Request) -> kmock.Response:
+                headers = {
+                    k: v
+                    for k, v in request.headers.items()
+                    if k.lower() in ("authorization", "content-type")
+                }
+                answer = await client.request(
+                    request.method.value,
+                    request.url.path,
+                    params=dict(request.params),
+                    content=request.body,
+                    headers=headers,
+                )
+                return kmock.Response(
+                    status=answer.status_code,
+                    payload=answer.content,
+                    headers={"Content-Type": answer.headers.get("content-type", "")},
+                )
+
+            handler.fallback << forward
+            stop = asyncio.get_running_loop().create_future()
+            ready.update(handler=handler, url=str(server.url).rstrip("/"))
+            ready["loop"] = asyncio.get_running_loop()
+            started.set()
+            await stop
+
+    thread = threading.Thread(target=asyncio.run, args=(main(),), daemon=True)
+    thread.start()
+    if not started.wait(30):
+        raise TimeoutError("the proxy did not start")
+    served = Proxy(ready["handler"], ready["url"], ready["loop"])
+    try:
+        yield served
+    finally:
+        assert stop is not None
+        served.loop.call_soon_threadsafe(stop.set_result, None)
+        thread.join(10)

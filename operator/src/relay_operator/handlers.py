@@ -51,6 +51,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
     settings.persistence.finalizer = f"{GROUP}/operator"
     settings.posting.level = 30  # warnings and errors become Kubernetes events
+    settings.peering.lifetime = config.peering_lifetime_s
     info = kopf.login_with_service_account(settings=settings) or kopf.login_with_kubeconfig(
         settings=settings
     )

@@ -17,3 +17,6 @@ class OperatorSettings(BaseSettings):
     """Tries of one Kubernetes API call on a retryable answer (409, 429, 5xx, no answer)."""
     kube_backoff_s: float = 0.2
     """First wait between two tries; doubled each time, at most 10 s."""
+    peering_lifetime_s: int = 60
+    """How long this operator's entry in the KopfPeering lives without renewal: a replica that
+    died without cleaning up holds the others paused for at most this long."""
