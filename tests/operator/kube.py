@@ -54,6 +54,7 @@ CRD = kmock.resource("apiextensions.k8s.io", "v1", "customresourcedefinitions")
 BUILTIN = {
     "v1/namespaces": ("Namespace", False),
     "v1/secrets": ("Secret", True),
+    "v1/configmaps": ("ConfigMap", True),
     "v1/events": ("Event", True),
     "v1/pods": ("Pod", True),
     "apps/v1/statefulsets": ("StatefulSet", True),
@@ -123,6 +124,17 @@ def _cel_errors(schema: dict[str, Any], value: Any, old: Any, path: str) -> Iter
     elif isinstance(value, list) and "items" in schema:
         for index, item in enumerate(value):
             yield from _cel_errors(schema["items"], item, None, f"{path}[{index}]")
+
+
+def validate(schema: dict[str, Any], obj: dict[str, Any], old: Any = None) -> list[str]:
+    """What the API server says of `obj` against a CRD version's `openAPIV3Schema` (defaults
+    filled into `obj` first, as the server does); empty when it accepts it."""
+    _defaults(schema, obj)
+    problems = [
+        f"{'.'.join(str(p) for p in error.absolute_path) or '<root>'}: {error.message}"
+        for error in jsonschema.Draft4Validator(schema).iter_errors(obj)
+    ]
+    return problems + list(_cel_errors(schema, obj, old, "<root>"))
 
 
 @attrs.define(kw_only=True)
@@ -209,12 +221,7 @@ class ApiServer(kmock.KubernetesEmulator):
         schema = self.schemas.get(request.resource)
         if schema is None:
             return
-        _defaults(schema, obj)
-        problems = [
-            f"{'.'.join(str(p) for p in error.absolute_path) or '<root>'}: {error.message}"
-            for error in jsonschema.Draft4Validator(schema).iter_errors(obj)
-        ]
-        problems += list(_cel_errors(schema, obj, old, "<root>"))
+        problems = validate(schema, obj, old)
         if problems:
             raise kmock.KubernetesError(
                 status=422, reason="Invalid", message="; ".join(sorted(problems))
