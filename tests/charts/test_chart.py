@@ -44,8 +44,24 @@ def pods(documents: list[dict[str, Any]]) -> Iterator[tuple[str, dict[str, Any]]
             )
 
 
-def test_lint_is_clean() -> None:
-    result = helm_python.lint(CHART, {}, strict=True)
+EVERYTHING_ON = {
+    "serviceMonitor": {"enabled": True},
+    "kafka": {
+        "bootstrapServers": "k:9093",
+        "securityProtocol": "SASL_SSL",
+        "saslMechanism": "SCRAM-SHA-512",
+        "saslSecret": "kafka-user",
+        "tls": {"caSecret": "kafka-ca", "clientSecret": "kafka-client"},
+    },
+    "redis": {"url": "rediss://r:6380/0", "passwordSecret": "redis", "caSecret": "rca"},
+}
+"""Every optional template and branch switched on (for lint and validation)."""
+
+
+@pytest.mark.parametrize("values", [{}, EVERYTHING_ON, {"operator": {"enabled": False}}])
+def test_lint_is_clean(values: dict[str, Any]) -> None:
+    result = helm_python.lint(CHART, values, strict=True)
+    assert not result["errors"], result
     assert not [m for m in result.get("messages", []) if m.get("severity", 0) >= 2], result
 
 

@@ -116,6 +116,13 @@ def test_a_scale_is_planned_and_blocked_and_the_statefulset_stays(
     )
     assert cluster
 
+    def cluster_condition(type_: str) -> dict[str, Any]:
+        return condition(api.get("relayclusters", NAMESPACE, "relay")["status"], type_)
+
+    # 2 of 2 owners ready (the timer summarizes the pools' index, one tick behind at most).
+    wait_for("Ready", lambda: cluster_condition("Ready").get("status") == "True", operator=op)
+    assert cluster_condition("Migrating")["status"] == "False"
+
     api.patch(POOL_PATH, {"spec": {"replicas": 2}})
     wait_for(
         "ScaleBlocked cleared",
@@ -165,3 +172,17 @@ def test_conflicts_and_server_errors_on_patch_are_retried_with_backoff(
     assert len(restores) >= 3  # two refused, then the one that landed
     assert "answered 409; trying again" in op.text()
     assert "answered 500; trying again" in op.text()
+
+
+def test_kopfs_own_status_patches_survive_server_errors(
+    api: kube.Served, operator: Callable[..., Operator]
+) -> None:
+    # The adoption is written by kopf's status patch: two 5xx answers first, then it lands.
+    install(api)
+    fault = api.call(
+        lambda server: server.inject("PATCH", "relaypools", [500, 503], subresource="status")
+    )
+    op = operator()
+    adopted = wait_for("the pool's adoption", lambda: pool_status(api).get("replicas"), operator=op)
+    assert adopted == 2
+    assert fault.hits == [500, 503]

@@ -239,3 +239,16 @@ def test_backoff_grows_to_its_cap_and_retries_only_what_says_try_again() -> None
     assert delays == [1, 3, 9, 10, 10]
     assert all(backoff.retryable(s) for s in (None, 409, 429, 500, 503))
     assert not any(backoff.retryable(s) for s in (400, 403, 404, 422))
+
+
+def test_ready_means_every_pool_adopted_and_all_its_owners_ready() -> None:
+    assert pools.readiness([]).status == "False"
+    states = [
+        {"pool": "queue-writer", "held": 2, "ready": 2},
+        {"pool": "retainer", "held": 1, "ready": 0},
+    ]
+    not_ready = pools.readiness(states)
+    assert (not_ready.status, not_ready.message) == ("False", "retainer: 0/1 ready")
+    assert pools.readiness(states[:1]).status == "True"
+    assert pools.readiness([{"pool": "p", "held": None, "ready": None}]).status == "False"
+    assert pools.migrating().status == "False"

@@ -8,7 +8,8 @@ outcome into the object's status through kopf's `patch`. No rule lives here.
 Handlers and what they keep true:
 - RelayCluster timer (`dumps`): a dump runs only when `dumps.is_due` says so from the status (and
   from the last attempt this process made, which covers the moment between its status patch
-  and the watch event that brings it back); ScaleBlocked mirrors the namespace's pools.
+  and the watch event that brings it back); ScaleBlocked and Ready summarize the namespace's
+  pools, Migrating is False (no move runs yet).
 - RelayPool create/resume/replicas change (`pool`): adopts the StatefulSet's count as the
   owners in force, and a change of `spec.replicas` is planned (RelayPartitionMoves in Planned)
   and flagged ScaleBlocked: moves do not run yet, the StatefulSet is not touched.
@@ -147,13 +148,8 @@ async def dump_timer(
     **kwargs: Any,
 ) -> None:
     pool_states: PoolIndex = kwargs["pool_states"]
-    blocked = [
-        state["message"]
-        for key, states in pool_states.items()
-        if key[0] == namespace
-        for state in states
-        if state["blocked"]
-    ]
+    states = [s for key, found in pool_states.items() if key[0] == namespace for s in found]
+    blocked = [state["message"] for state in states if state["blocked"]]
     scale = conditions.Condition(
         pools.SCALE_BLOCKED,
         "True" if blocked else "False",
@@ -167,12 +163,13 @@ async def dump_timer(
     )
     record = dict(status.get("dumps") or {})
     # The status may lag our own last patch by one watch event: the later attempt wins.
-    mine = memo.last_dumps.get(uid)
-    if mine is not None and _attempted(mine) > _attempted(record):
-        record = mine
+    last = memo.last_dumps.get(uid)
+    if last is not None and _attempted(last) > _attempted(record):
+        record = last
     now = time.time()
+    health = (scale, pools.readiness(states), pools.migrating())
     if not dumps.is_due(record, policy, now):
-        _set(patch, status, scale)
+        _set(patch, status, *health)
         return
     admin = await _admin(memo, namespace, dict(spec))
     try:
@@ -187,7 +184,7 @@ async def dump_timer(
     if due is not None:
         new_record["nextDueAt"] = times.iso(due)
     patch.status["dumps"] = new_record
-    _set(patch, status, dumps.condition(outcome, policy), scale)
+    _set(patch, status, dumps.condition(outcome, policy), *health)
     if outcome.ok:
         logger.info(f"dump {outcome.dump} finished on {len(outcome.writers)} queue-writer(s)")
     else:

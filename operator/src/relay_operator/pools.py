@@ -13,8 +13,13 @@ as balance allows (tested with hypothesis in tests/operator/test_rules.py). Pure
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+from relay_operator import conditions
 
 SCALE_BLOCKED = "ScaleBlocked"
+READY = "Ready"
+MIGRATING = "Migrating"
 
 
 @dataclass(frozen=True)
@@ -85,3 +90,25 @@ def restore_replicas(held: int | None, actual: int | None) -> int | None:
     if held is None or actual is None or held == actual:
         return None
     return held
+
+
+def readiness(states: list[dict[str, Any]]) -> conditions.Condition:
+    """Ready: every pool has adopted its StatefulSet and all its owners in force are ready
+    (`states`: the pools' `held` owners and `ready` pods, as the operator indexes them)."""
+    if not states:
+        return conditions.Condition(READY, "False", "NoPools", "no RelayPool in this namespace")
+    short = [
+        f"{s['pool']}: {s.get('ready') or 0}/{s['held']} ready"
+        for s in states
+        if s.get("held") is None or (s.get("ready") or 0) < s["held"]
+    ]
+    if short:
+        return conditions.Condition(READY, "False", "OwnersNotReady", "; ".join(short))
+    return conditions.Condition(READY, "True", "OwnersReady", "every pool's owners are ready")
+
+
+def migrating() -> conditions.Condition:
+    """Migrating: no move ever runs yet (the hand-off is not built), so it is always False."""
+    return conditions.Condition(
+        MIGRATING, "False", "MovesNotImplemented", "no partition move runs: moves are not built yet"
+    )
