@@ -28,8 +28,9 @@ def render(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     finally:
         chart.close()
     documents = []
-    for text in files.values():
-        documents += [doc for doc in yaml.safe_load_all(text) if doc]
+    for path, text in files.items():
+        if not path.endswith("NOTES.txt"):  # shown to the user, not applied
+            documents += [doc for doc in yaml.safe_load_all(text) if doc]
     return documents
 
 
@@ -503,7 +504,13 @@ def upgrade(api: kube.Served, tmp_path: Any, values: dict[str, Any]) -> list[dic
         files = config.render(chart, values, name="r1", namespace="relay", is_upgrade=True)
     finally:
         chart.close()
-    return [doc for text in files.values() for doc in yaml.safe_load_all(text) if doc]
+    return [
+        doc
+        for path, text in files.items()
+        if not path.endswith("NOTES.txt")
+        for doc in yaml.safe_load_all(text)
+        if doc
+    ]
 
 
 def test_without_the_operator_a_partition_owner_count_change_is_refused(
@@ -552,3 +559,14 @@ def test_a_partition_count_change_is_refused_on_upgrade(
     assert upgrade(
         previous_install, tmp_path, {"kafka": {"bootstrapServers": "k:9092", "partitions": 8}}
     )
+
+
+def test_the_notes_say_how_to_scale_and_where_the_token_is() -> None:
+    chart = helm_python.Chart.load(CHART)
+    try:
+        files = chart.render({}, name="r1", namespace="relay", is_install=True)
+    finally:
+        chart.close()
+    notes = next(text for path, text in files.items() if path.endswith("NOTES.txt"))
+    assert "kubectl -n relay scale relaypool queue-writer" in notes
+    assert "Secret relay-admin" in notes

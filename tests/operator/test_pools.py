@@ -186,3 +186,58 @@ def test_kopfs_own_status_patches_survive_server_errors(
     adopted = wait_for("the pool's adoption", lambda: pool_status(api).get("replicas"), operator=op)
     assert adopted == 2
     assert fault.hits == [500, 503]
+
+
+def test_a_pool_created_before_its_statefulset_adopts_it_once_it_exists(
+    api: kube.Served, operator: Callable[..., Operator]
+) -> None:
+    api.create(
+        {
+            "apiVersion": "relay.dev/v1alpha1",
+            "kind": "RelayCluster",
+            "metadata": {"name": "relay", "namespace": NAMESPACE},
+            "spec": {
+                "partitions": 4,
+                "adminSecret": "missing",
+                "adminUrl": "http://127.0.0.1:9",
+                "dumpIntervalSeconds": 3600,
+            },
+        }
+    )
+    api.create(
+        {
+            "apiVersion": "relay.dev/v1alpha1",
+            "kind": "RelayPool",
+            "metadata": {"name": "retainer", "namespace": NAMESPACE},
+            "spec": {"service": "retainer", "statefulSet": "r1-relay-retainer", "replicas": 1},
+        }
+    )
+    op = operator()
+    # The dump cannot run without the admin Secret: said in DumpsHealthy, not crashed on.
+    healthy = wait_for(
+        "DumpsHealthy=False",
+        lambda: condition(
+            (api.get("relayclusters", NAMESPACE, "relay") or {}).get("status") or {},
+            "DumpsHealthy",
+        ),
+        operator=op,
+    )
+    assert (healthy["status"], healthy["reason"]) == ("False", "DumpFailed")
+    assert "admin Secret missing unreadable" in healthy["message"]
+    wait_for("a failed adoption", lambda: "StatefulSet r1-relay-retainer" in op.text(), operator=op)
+    api.create(
+        {
+            "apiVersion": "apps/v1",
+            "kind": "StatefulSet",
+            "metadata": {"name": "r1-relay-retainer", "namespace": NAMESPACE},
+            "spec": {"replicas": 1, "selector": {"matchLabels": {"c": "retainer"}}},
+        }
+    )
+    found = wait_for(
+        "the adoption",
+        lambda: (
+            (api.get("relaypools", NAMESPACE, "retainer") or {}).get("status", {}).get("assignment")
+        ),
+        operator=op,
+    )
+    assert found == [0, 0, 0, 0]

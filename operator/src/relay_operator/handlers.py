@@ -108,12 +108,16 @@ def pool_states(
 async def _admin(
     memo: kopf.Memo, namespace: str | None, cluster: dict[str, Any]
 ) -> relay.RelayAdmin:
-    secret = await memo.kube.get(
-        kube.path("", "v1", "secrets", _ns(namespace), cluster["adminSecret"])
-    )
+    """A client of Relay's admin API with the token of `spec.adminSecret`; `relay.Unreachable`
+    when the Secret cannot be read or has no token (the caller reports it like a silent Relay)."""
+    name = cluster["adminSecret"]
+    try:
+        secret = await memo.kube.get(kube.path("", "v1", "secrets", _ns(namespace), name))
+    except kube.KubeError as error:
+        raise relay.Unreachable(f"admin Secret {name} unreadable: {error}") from error
     token = base64.b64decode(secret.get("data", {}).get("token", "")).decode().strip()
     if not token:
-        raise kopf.TemporaryError(f"secret {cluster['adminSecret']} has no key token", delay=30)
+        raise relay.Unreachable(f"admin Secret {name} has no key token")
     return relay.RelayAdmin(cluster["adminUrl"], token, memo.config.request_timeout_s)
 
 
@@ -171,8 +175,8 @@ async def dump_timer(
     if not dumps.is_due(record, policy, now):
         _set(patch, status, *health)
         return
-    admin = await _admin(memo, namespace, dict(spec))
     try:
+        admin = await _admin(memo, namespace, dict(spec))
         async with admin:
             code, body = await admin.dump(policy.timeout_s)
         outcome = dumps.from_answer(code, body)
@@ -212,7 +216,11 @@ async def _reconcile_pool(
     if cluster is None:
         raise kopf.TemporaryError(f"no RelayCluster in namespace {namespace}", delay=10)
     sts_path = kube.path("apps", "v1", "statefulsets", _ns(namespace), spec["statefulSet"])
-    statefulset = await memo.kube.get(sts_path)
+    try:
+        statefulset = await memo.kube.get(sts_path)
+    except kube.KubeError as error:
+        # The chart creates the pool and its StatefulSet together: either may come first.
+        raise kopf.TemporaryError(f"StatefulSet {spec['statefulSet']}: {error}", delay=5) from error
     held = status.get("replicas")
     generation = int(status.get("generation") or 1)
     assignment = list(status.get("assignment") or [])
@@ -357,7 +365,11 @@ async def _reconcile_storage(
     if cluster is None:
         raise kopf.TemporaryError(f"no RelayCluster in namespace {namespace}", delay=10)
     database = spec["database"]
-    admin = await _admin(memo, namespace, cluster)
+    try:
+        admin = await _admin(memo, namespace, cluster)
+    except relay.Unreachable as error:
+        _set(patch, status, dsreplicas.unreachable(str(error)))
+        raise kopf.TemporaryError(str(error), delay=15) from error
     async with admin:
         try:
             code, info = await admin.ds_info()
