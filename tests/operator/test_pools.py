@@ -123,12 +123,26 @@ def test_a_scale_is_planned_and_blocked_and_the_statefulset_stays(
     wait_for("Ready", lambda: cluster_condition("Ready").get("status") == "True", operator=op)
     assert cluster_condition("Migrating")["status"] == "False"
 
+    # Asking for 4 instead replaces the plan: the moves for 3 that no longer fit are dropped.
+    api.patch(POOL_PATH, {"spec": {"replicas": 4}})
+    wait_for(
+        "the plan for 4",
+        lambda: (
+            sorted(
+                (m["spec"]["partition"], m["spec"]["toOrdinal"])
+                for m in api.items("relaypartitionmoves")
+            )
+            == [(4, 2), (5, 2), (6, 3), (7, 3)]
+        ),
+        operator=op,
+    )
     api.patch(POOL_PATH, {"spec": {"replicas": 2}})
     wait_for(
         "ScaleBlocked cleared",
         lambda: condition(pool_status(api), "ScaleBlocked").get("status") == "False",
         operator=op,
     )
+    wait_for("the plan withdrawn", lambda: api.items("relaypartitionmoves") == [], operator=op)
 
 
 def test_a_direct_statefulset_edit_is_put_back(

@@ -3,6 +3,8 @@ replica targets, retries."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -252,3 +254,32 @@ def test_ready_means_every_pool_adopted_and_all_its_owners_ready() -> None:
     assert pools.readiness(states[:1]).status == "True"
     assert pools.readiness([{"pool": "p", "held": None, "ready": None}]).status == "False"
     assert pools.migrating().status == "False"
+
+
+def test_only_planned_moves_outside_the_current_plan_are_superseded() -> None:
+    def move(name: str, to: int, pool: str = "qw", phase: str | None = "Planned") -> dict[str, Any]:
+        spec = {"pool": pool, "partition": 0, "fromOrdinal": 0, "toOrdinal": to, "generation": 2}
+        return {
+            "metadata": {"name": name},
+            "spec": spec,
+            "status": {"phase": phase} if phase else {},
+        }
+
+    existing = [
+        move("qw-g2-p6", 2),
+        move("qw-g2-p7", 2),
+        move("qw-g2-p5", 2, phase="Paused"),  # started: never dropped here
+        move("rt-g2-p1", 2, pool="rt"),
+        move("qw-g2-p4", 2, phase=None),  # created, phase not yet written: Planned
+    ]
+    plan = {"qw-g2-p7": existing[1]["spec"], "qw-g2-p6": {**existing[0]["spec"], "toOrdinal": 3}}
+    # p6 is planned again with another target, p4 no longer: both go; p7 stays as it is.
+    assert pools.superseded(existing, "qw", plan) == ["qw-g2-p4", "qw-g2-p6"]
+    assert pools.superseded(existing, "qw", {}) == ["qw-g2-p4", "qw-g2-p6", "qw-g2-p7"]
+    assert pools.move_spec("qw", 2, pools.Move(6, 0, 3)) == {
+        "pool": "qw",
+        "partition": 6,
+        "fromOrdinal": 0,
+        "toOrdinal": 3,
+        "generation": 2,
+    }

@@ -237,6 +237,15 @@ async def _reconcile_pool(
             selector=",".join(f"{k}={v}" for k, v in sorted(labels.items())),
         )
     wanted = int(spec["replicas"])
+    moves = pools.plan(assignment, wanted) if wanted != held else []
+    planned = {
+        pools.move_name(name, generation + 1, move): pools.move_spec(name, generation + 1, move)
+        for move in moves
+    }
+    collection = kube.path(GROUP, VERSION, "relaypartitionmoves", _ns(namespace))
+    existing = (await memo.kube.get(collection)).get("items", [])
+    for stale in pools.superseded(existing, name, planned):
+        await memo.kube.delete(f"{collection}/{stale}")
     if wanted == held:
         _set(
             patch,
@@ -246,7 +255,6 @@ async def _reconcile_pool(
             ),
         )
         return
-    moves = pools.plan(assignment, wanted)
     for move in moves:
         await _plan_move(memo, name, _ns(namespace), uid, generation + 1, move)
     _set(
@@ -280,13 +288,7 @@ async def _plan_move(
             "apiVersion": f"{GROUP}/{VERSION}",
             "kind": "RelayPartitionMove",
             "metadata": {"name": name, "namespace": namespace, "ownerReferences": [owner]},
-            "spec": {
-                "pool": pool,
-                "partition": move.partition,
-                "fromOrdinal": move.source,
-                "toOrdinal": move.target,
-                "generation": generation,
-            },
+            "spec": pools.move_spec(pool, generation, move),
         },
     )
     if created is not None:

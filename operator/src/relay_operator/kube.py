@@ -77,6 +77,14 @@ class Kube:
             "PATCH", path, json=patch, headers={"Content-Type": "application/merge-patch+json"}
         )
 
+    async def delete(self, path: str) -> None:
+        """DELETE; an object already gone (404) is the idempotent outcome."""
+        try:
+            await self._call("DELETE", path)
+        except KubeError as error:
+            if error.status != 404:
+                raise
+
     async def create(self, path: str, body: dict[str, Any]) -> dict[str, Any] | None:
         """POST `body`; None when an object of that name exists already (409 AlreadyExists is
         the idempotent outcome here, not a conflict to retry)."""

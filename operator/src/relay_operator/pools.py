@@ -84,6 +84,30 @@ def move_name(pool: str, generation: int, move: Move) -> str:
     return f"{pool}-g{generation}-p{move.partition}"
 
 
+def move_spec(pool: str, generation: int, move: Move) -> dict[str, Any]:
+    """The RelayPartitionMove spec of `move` (what the CRD holds, immutable once created)."""
+    return {
+        "pool": pool,
+        "partition": move.partition,
+        "fromOrdinal": move.source,
+        "toOrdinal": move.target,
+        "generation": generation,
+    }
+
+
+def superseded(existing: list[dict[str, Any]], pool: str, planned: dict[str, Any]) -> list[str]:
+    """Names of this pool's RelayPartitionMoves still in Planned that the current plan (`planned`:
+    name → spec) does not hold as they are (the scale they were planned for changed or was
+    withdrawn): they are dropped and planned again. A move that started is never touched here."""
+    return sorted(
+        m["metadata"]["name"]
+        for m in existing
+        if m.get("spec", {}).get("pool") == pool
+        and (m.get("status") or {}).get("phase", "Planned") == "Planned"
+        and planned.get(m["metadata"]["name"]) != m.get("spec")
+    )
+
+
 def restore_replicas(held: int | None, actual: int | None) -> int | None:
     """The StatefulSet's replica count to put back after someone edited it directly, or None
     when it already matches the owners in force (or the pool has not adopted it yet)."""
