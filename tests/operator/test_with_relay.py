@@ -196,3 +196,15 @@ def test_a_ds_storage_is_put_to_relay_and_a_400_becomes_a_condition(
         f"{running.state.ingress_url}/ds/storages/messages/replicas", headers=headers, timeout=20
     ).json()
     assert replicas == sites
+
+    # A replication factor instead of names: the operator picks the live sites (the same one).
+    api.patch(
+        f"/apis/relay.dev/v1alpha1/namespaces/{NAMESPACE}/relaydsstorages/messages",
+        {"spec": {"sites": None, "replicationFactor": 1}},
+    )
+    wait_for(
+        "the PUT for the replication factor",
+        lambda: len(relay.sent("PUT", "/ds/storages/messages/replicas")) == 3,
+        operator=op,
+    )
+    assert relay.sent("PUT", "/ds/storages/messages/replicas")[2] == sites
