@@ -38,6 +38,7 @@ DS_REFRESH_S = 30.0
 """How often a RelayDsStorage's status is refreshed from `GET /ds/info` (and the target PUT
 again if Relay's replica set drifted)."""
 RELAY_LABELS = {"app.kubernetes.io/name": "relay"}
+SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"  # noqa: S105
 
 ClusterIndex = kopf.Index[str | None, dict[str, Any]]
 """namespace → the RelayCluster's spec (`clusters`)."""
@@ -53,9 +54,8 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     settings.persistence.finalizer = f"{GROUP}/operator"
     settings.posting.level = 30  # warnings and errors become Kubernetes events
     settings.peering.lifetime = config.peering_lifetime_s
-    info = kopf.login_with_service_account(settings=settings) or kopf.login_with_kubeconfig(
-        settings=settings
-    )
+    in_pod = kopf.login_with_service_account(settings=settings)
+    info = in_pod or kopf.login_with_kubeconfig(settings=settings)
     if info is None:
         raise kopf.PermanentError("no Kubernetes credentials (service account or kubeconfig)")
     credentials = kube.Credentials(
@@ -66,6 +66,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         certificate_path=str(info.certificate_path) if info.certificate_path else None,
         private_key_path=str(info.private_key_path) if info.private_key_path else None,
         insecure=bool(info.insecure),
+        token_path=SERVICE_ACCOUNT_TOKEN if in_pod is not None else None,
     )
     memo.config = config
     memo.kube = kube.Kube(

@@ -30,6 +30,9 @@ class Credentials:
     certificate_path: str | None = None
     private_key_path: str | None = None
     insecure: bool = False
+    token_path: str | None = None
+    """In a pod: the projected service-account token file, read again on every call (the
+    kubelet rotates it; the token read at start would expire)."""
 
 
 class KubeError(Exception):
@@ -57,14 +60,18 @@ class Kube:
     """An HTTP client of the API server with retries; one per operator process."""
 
     def __init__(self, credentials: Credentials, policy: backoff.Backoff) -> None:
-        headers = {"Authorization": f"Bearer {credentials.token}"} if credentials.token else {}
+        self._credentials = credentials
         self._client = httpx.AsyncClient(
-            base_url=credentials.server.rstrip("/"),
-            headers=headers,
-            verify=_verify(credentials),
-            timeout=30.0,
+            base_url=credentials.server.rstrip("/"), verify=_verify(credentials), timeout=30.0
         )
         self._policy = policy
+
+    def _auth(self) -> dict[str, str]:
+        token = self._credentials.token
+        if self._credentials.token_path:
+            with open(self._credentials.token_path, encoding="utf-8") as file:
+                token = file.read().strip()
+        return {"Authorization": f"Bearer {token}"} if token else {}
 
     async def close(self) -> None:
         await self._client.aclose()
@@ -107,7 +114,8 @@ class Kube:
         while True:
             status: int | None
             try:
-                response = await self._client.request(method, path, **kwargs)
+                headers = {**self._auth(), **kwargs.pop("headers", {})}
+                response = await self._client.request(method, path, headers=headers, **kwargs)
                 status = response.status_code
                 if status < 300:
                     body: dict[str, Any] = response.json()
