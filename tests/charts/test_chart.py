@@ -443,6 +443,10 @@ def test_the_operator_takes_over_dumps_and_gets_its_rbac_and_objects() -> None:
     }
     cluster = next(d for d in documents if d["kind"] == "RelayCluster")
     assert cluster["spec"]["adminUrl"] == "http://r1-relay-ingress.relay.svc:8080"
+    assert (cluster["spec"]["adminSecret"], cluster["spec"]["adminSecretKey"]) == (
+        "relay-admin",
+        "token",
+    )
     assert cluster["spec"]["partitions"] == 8
     pools = {d["metadata"]["name"]: d["spec"] for d in documents if d["kind"] == "RelayPool"}
     assert pools == {

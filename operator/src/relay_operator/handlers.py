@@ -116,9 +116,10 @@ async def _admin(
         secret = await memo.kube.get(kube.path("", "v1", "secrets", _ns(namespace), name))
     except kube.KubeError as error:
         raise relay.Unreachable(f"admin Secret {name} unreadable: {error}") from error
-    token = base64.b64decode(secret.get("data", {}).get("token", "")).decode().strip()
+    key = cluster.get("adminSecretKey", "token")
+    token = base64.b64decode(secret.get("data", {}).get(key, "")).decode().strip()
     if not token:
-        raise relay.Unreachable(f"admin Secret {name} has no key token")
+        raise relay.Unreachable(f"admin Secret {name} has no key {key}")
     return relay.RelayAdmin(cluster["adminUrl"], token, memo.config.request_timeout_s)
 
 
