@@ -1,5 +1,6 @@
 # One image per service, from the workspace lock: docker build --build-arg SERVICE=ingress .
-# skaffold.yaml builds all six (the archiver too). The image holds only that service and the libs it uses.
+# skaffold.yaml builds all seven (the archiver and the operator too). The image holds only that
+# package and the libs it uses. The operator's entry point is kopf (the chart passes `run -m ...`).
 FROM python:3.11-slim AS build
 ARG SERVICE
 RUN pip install --no-cache-dir uv==0.13.9
@@ -9,8 +10,10 @@ COPY libs libs
 COPY services services
 COPY cli cli
 COPY spark-jobs spark-jobs
+COPY operator operator
 RUN uv sync --frozen --no-dev --no-editable --package "relay-${SERVICE}" \
-    && ln -s "/src/.venv/bin/relay-${SERVICE}" /src/.venv/bin/relay-entrypoint
+    && if [ "${SERVICE}" = operator ]; then entry=kopf; else entry="relay-${SERVICE}"; fi \
+    && ln -s "/src/.venv/bin/${entry}" /src/.venv/bin/relay-entrypoint
 
 FROM python:3.11-slim
 COPY --from=build /src/.venv /src/.venv

@@ -1,0 +1,138 @@
+"""Partition ownership of a pool (queue-writers or retainers) and the moves a scale needs.
+
+An assignment is a list: index = partition, value = the ordinal that owns it. Today's services
+derive theirs from `p mod n` (`initial`); the fenced, generation-numbered assignment replaces that
+rule, and `plan` is written for it.
+
+Invariants of `plan(assignment, wanted)`: applying its moves leaves every partition owned by one
+ordinal below `wanted`; the partitions per ordinal differ by at most one; a partition moves only
+when its owner is being removed or owns more than its share, so a scale moves as few partitions
+as balance allows (tested with hypothesis in tests/operator/test_rules.py). Pure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from relay_operator import conditions
+
+SCALE_BLOCKED = "ScaleBlocked"
+READY = "Ready"
+MIGRATING = "Migrating"
+
+
+@dataclass(frozen=True)
+class Move:
+    partition: int
+    source: int
+    target: int
+
+
+def initial(partitions: int, replicas: int) -> list[int]:
+    """The assignment services use before generations exist: partition p on ordinal p mod n."""
+    return [p % replicas for p in range(partitions)]
+
+
+def plan(assignment: list[int], wanted: int) -> list[Move]:
+    """The moves that take `assignment` to `wanted` ordinals, balanced; in partition order."""
+    if wanted < 1:
+        raise ValueError("a pool needs at least one instance")
+    partitions = len(assignment)
+    owned: dict[int, list[int]] = {k: [] for k in range(wanted)}
+    homeless: list[int] = []
+    for partition, owner in enumerate(assignment):
+        (owned[owner] if owner < wanted else homeless).append(partition)
+    base, extra = divmod(partitions, wanted)
+    # The ordinals that already hold the most keep the extra partitions: fewer moves.
+    by_load = sorted(owned, key=lambda k: (-len(owned[k]), k))
+    share = {k: base + (1 if rank < extra else 0) for rank, k in enumerate(by_load)}
+    for k in range(wanted):
+        while len(owned[k]) > share[k]:
+            homeless.append(owned[k].pop())
+    homeless.sort()
+    moves: list[Move] = []
+    for partition in homeless:
+        target = min((k for k in range(wanted) if len(owned[k]) < share[k]), key=lambda k: k)
+        owned[target].append(partition)
+        moves.append(Move(partition, assignment[partition], target))
+    return sorted(moves, key=lambda m: m.partition)
+
+
+def apply(assignment: list[int], moves: list[Move]) -> list[int]:
+    result = list(assignment)
+    for move in moves:
+        if result[move.partition] != move.source:
+            raise ValueError(f"partition {move.partition} is not on ordinal {move.source}")
+        result[move.partition] = move.target
+    return result
+
+
+def blocked_message(service: str, held: int, wanted: int, moves: list[Move]) -> str:
+    """ScaleBlocked's message while moves cannot run: says so, and what the scale would take."""
+    return (
+        f"{service}: {held} -> {wanted} instances needs {len(moves)} partition move(s) "
+        f"({', '.join(f'p{m.partition} {m.source}->{m.target}' for m in moves)}); "
+        "partition moves are not implemented yet, so the StatefulSet stays at "
+        f"{held} and no partition changes owner (the moves are recorded as Planned "
+        f"RelayPartitionMoves; set spec.replicas back to {held} to clear this)"
+    )
+
+
+def move_name(pool: str, generation: int, move: Move) -> str:
+    """One name per (pool, generation, partition): creating it twice is a no-op (409)."""
+    return f"{pool}-g{generation}-p{move.partition}"
+
+
+def move_spec(pool: str, generation: int, move: Move) -> dict[str, Any]:
+    """The RelayPartitionMove spec of `move` (what the CRD holds, immutable once created)."""
+    return {
+        "pool": pool,
+        "partition": move.partition,
+        "fromOrdinal": move.source,
+        "toOrdinal": move.target,
+        "generation": generation,
+    }
+
+
+def superseded(existing: list[dict[str, Any]], pool: str, planned: dict[str, Any]) -> list[str]:
+    """Names of this pool's RelayPartitionMoves still in Planned that the current plan (`planned`:
+    name → spec) does not hold as they are (the scale they were planned for changed or was
+    withdrawn): they are dropped and planned again. A move that started is never touched here."""
+    return sorted(
+        m["metadata"]["name"]
+        for m in existing
+        if m.get("spec", {}).get("pool") == pool
+        and (m.get("status") or {}).get("phase", "Planned") == "Planned"
+        and planned.get(m["metadata"]["name"]) != m.get("spec")
+    )
+
+
+def restore_replicas(held: int | None, actual: int | None) -> int | None:
+    """The StatefulSet's replica count to put back after someone edited it directly, or None
+    when it already matches the owners in force (or the pool has not adopted it yet)."""
+    if held is None or actual is None or held == actual:
+        return None
+    return held
+
+
+def readiness(states: list[dict[str, Any]]) -> conditions.Condition:
+    """Ready: every pool has adopted its StatefulSet and all its owners in force are ready
+    (`states`: the pools' `held` owners and `ready` pods, as the operator indexes them)."""
+    if not states:
+        return conditions.Condition(READY, "False", "NoPools", "no RelayPool in this namespace")
+    short = [
+        f"{s['pool']}: {s.get('ready') or 0}/{s['held']} ready"
+        for s in states
+        if s.get("held") is None or (s.get("ready") or 0) < s["held"]
+    ]
+    if short:
+        return conditions.Condition(READY, "False", "OwnersNotReady", "; ".join(short))
+    return conditions.Condition(READY, "True", "OwnersReady", "every pool's owners are ready")
+
+
+def migrating() -> conditions.Condition:
+    """Migrating: no move ever runs yet (the hand-off is not built), so it is always False."""
+    return conditions.Condition(
+        MIGRATING, "False", "MovesNotImplemented", "no partition move runs: moves are not built yet"
+    )

@@ -1,0 +1,285 @@
+"""The operator's pure rules: dump due times, dump answers, conditions, partition plans, DS
+replica targets, retries."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from relay_operator import backoff, conditions, dsreplicas, dumps, pools, times
+
+POLICY = dumps.Policy(interval_s=3600, timeout_s=120, retry_s=60)
+
+
+def test_times_round_trip_to_the_millisecond() -> None:
+    assert times.parse(times.iso(1700000000.123)) == 1700000000.123
+    assert times.iso(0) == "1970-01-01T00:00:00.000Z"
+    assert times.parse("garbage") is None
+    assert times.parse(None) is None
+
+
+def test_the_first_dump_is_due_at_once_and_then_one_interval_after_the_last_attempt() -> None:
+    assert dumps.is_due(None, POLICY, now=1.0)
+    done = dumps.record(None, dumps.Outcome(ok=True, dump=4), started=1000.0)
+    assert dumps.due_at(done, POLICY) == 4600.0
+    assert not dumps.is_due(done, POLICY, now=4599.9)
+    assert dumps.is_due(done, POLICY, now=4600.0)
+
+
+def test_a_restarted_operator_reads_the_due_time_from_the_status_only() -> None:
+    # What kopf hands the timer after a restart is the object: the status decides, so a dump
+    # recorded a minute ago is not repeated however soon the timer fires.
+    status = {"lastAttemptAt": times.iso(10_000.0), "lastSuccessAt": times.iso(10_000.0)}
+    assert not dumps.is_due(status, POLICY, now=10_060.0)
+    assert dumps.is_due(status, POLICY, now=13_600.0)
+
+
+def test_a_failed_attempt_is_retried_sooner_but_never_later_than_the_interval() -> None:
+    failed = dumps.record(None, dumps.Outcome(ok=False, error="503"), started=1000.0)
+    assert failed["failures"] == 1
+    assert dumps.due_at(failed, POLICY) == 1060.0
+    short = dumps.Policy(interval_s=30, timeout_s=10, retry_s=60)
+    assert dumps.due_at(failed, short) == 1030.0
+
+
+def test_an_interval_of_zero_switches_the_operators_dumps_off() -> None:
+    assert dumps.due_at(None, dumps.Policy(0, 10, 60)) is None
+    assert not dumps.is_due(None, dumps.Policy(0, 10, 60), now=1e12)
+
+
+def test_a_finished_dump_records_every_writers_figures() -> None:
+    body = {
+        "dump": 7,
+        "writers": [
+            {
+                "instance": "qw-0",
+                "partitions": [0, 2],
+                "dump": 7,
+                "records": 10,
+                "bytes": 640,
+                "pause_ms": 1.5,
+                "total_s": 0.2,
+            },
+            {"instance": "qw-1", "partitions": [1, 3], "dump": 3, "records": 0, "bytes": 0},
+        ],
+    }
+    outcome = dumps.from_answer(200, body)
+    assert outcome.ok
+    new = dumps.record({"failures": 2}, outcome, started=50.0)
+    assert new["dump"] == 7
+    assert new["failures"] == 0
+    assert new["writers"][0] == {
+        "instance": "qw-0",
+        "partitions": [0, 2],
+        "dump": 7,
+        "records": 10,
+        "bytes": 640,
+        "pauseMs": 1.5,
+        "totalSeconds": 0.2,
+    }
+    assert new["writers"][1] == {
+        "instance": "qw-1",
+        "partitions": [1, 3],
+        "dump": 3,
+        "records": 0,
+        "bytes": 0,
+    }
+    condition = dumps.condition(outcome, POLICY)
+    assert condition.status == "True"
+    assert "longest pause 1.5 ms" in condition.message
+
+
+def test_a_503_names_the_partitions_that_did_not_answer() -> None:
+    detail = (
+        "no answer within 5 s for command partitions [1, 3, 7] (is every queue-writer running?)"
+    )
+    outcome = dumps.from_answer(503, {"error": "UNAVAILABLE", "detail": detail})
+    assert not outcome.ok
+    assert outcome.missing == [1, 3, 7]
+    condition = dumps.condition(outcome, POLICY)
+    assert (condition.status, condition.reason) == ("False", "PartitionsSilent")
+    assert "[1, 3, 7]" in condition.message
+    previous = {"lastSuccessAt": "t0", "dump": 3, "writers": [{"instance": "a"}]}
+    new = dumps.record(previous, outcome, started=9.0)
+    # The last good figures stay; the failure and the silent partitions are added.
+    assert (new["dump"], new["lastSuccessAt"], new["writers"]) == (3, "t0", [{"instance": "a"}])
+    assert new["missingPartitions"] == [1, 3, 7]
+    assert new["failures"] == 1
+
+
+def test_other_failures_say_what_came_back() -> None:
+    outcome = dumps.from_answer(403, {"error": "FORBIDDEN", "detail": "admin token missing"})
+    condition = dumps.condition(outcome, POLICY)
+    assert (condition.status, condition.reason) == ("False", "DumpFailed")
+    assert "403" in condition.message
+    assert "admin token missing" in condition.message
+    assert dumps.missing_partitions("something else") == []
+
+
+def test_a_condition_keeps_its_transition_time_while_its_status_holds() -> None:
+    first = conditions.merge(None, conditions.Condition("A", "True", "R", "m1"), "t1")
+    again = conditions.merge(first, conditions.Condition("A", "True", "R2", "m2"), "t2")
+    assert again == [
+        {"type": "A", "status": "True", "reason": "R2", "message": "m2", "lastTransitionTime": "t1"}
+    ]
+    flipped = conditions.merge(again, conditions.Condition("A", "False", "R", "m"), "t3")
+    assert flipped[0]["lastTransitionTime"] == "t3"
+    both = conditions.merge(flipped, conditions.Condition("B", "True", "R", "m"), "t4")
+    assert [c["type"] for c in both] == ["A", "B"]
+    assert conditions.find(both, "B") == both[1]
+    assert conditions.find(both, "C") is None
+
+
+@given(
+    partitions=st.integers(1, 64),
+    start=st.integers(1, 16),
+    wanted=st.integers(1, 16),
+)
+def test_a_plan_leaves_one_balanced_owner_per_partition_and_moves_as_little_as_it_can(
+    partitions: int, start: int, wanted: int
+) -> None:
+    before = pools.initial(partitions, start)
+    moves = pools.plan(before, wanted)
+    after = pools.apply(before, moves)
+    assert all(0 <= owner < wanted for owner in after)
+    loads = [after.count(k) for k in range(wanted)]
+    assert max(loads) - min(loads) <= 1
+    moved = {m.partition for m in moves}
+    assert all(before[m.partition] != m.target for m in moves)
+    # Minimal: every move is forced (owner removed, or above the share it can keep).
+    assert len(moved) == len(moves)
+    share = -(-partitions // wanted)
+    forced = sum(1 for owner in before if owner >= wanted) + sum(
+        max(0, before.count(k) - share) for k in range(min(start, wanted))
+    )
+    assert len(moves) >= forced
+    base = partitions // wanted
+    assert len(moves) <= forced + sum(
+        max(0, before.count(k) - base) for k in range(min(start, wanted))
+    )
+    assert pools.plan(after, wanted) == []
+
+
+def test_one_to_two_moves_half_the_partitions_to_the_new_ordinal() -> None:
+    moves = pools.plan(pools.initial(8, 1), 2)
+    assert [(m.source, m.target) for m in moves] == [(0, 1)] * 4
+    back = pools.plan(pools.apply(pools.initial(8, 1), moves), 1)
+    assert sorted(m.partition for m in back) == sorted(m.partition for m in moves)
+
+
+def test_the_blocked_message_says_moves_do_not_run() -> None:
+    moves = pools.plan(pools.initial(4, 2), 3)
+    text = pools.blocked_message("queue-writer", 2, 3, moves)
+    assert "not implemented" in text
+    assert "stays at 2" in text
+    assert pools.move_name("qw", 3, moves[0]) == f"qw-g3-p{moves[0].partition}"
+
+
+def test_a_statefulset_is_restored_only_when_it_differs_from_the_owners_in_force() -> None:
+    assert pools.restore_replicas(2, 5) == 2
+    assert pools.restore_replicas(2, 2) is None
+    assert pools.restore_replicas(None, 5) is None
+
+
+INFO = {
+    "sites": [
+        {"site": "000000000000000c", "up": True},
+        {"site": "000000000000000a", "up": True},
+        {"site": "000000000000000b", "up": False},
+        {"site": "000000000000000d", "up": True},
+    ],
+    "storages": [
+        {
+            "name": "messages",
+            "shards": [
+                {
+                    "id": "0",
+                    "replicas": [
+                        {"site": "000000000000000b", "status": "up"},
+                        {"site": "000000000000000d", "status": "up"},
+                    ],
+                    "transitions": [{"site": "000000000000000a", "transition": "joining"}],
+                }
+            ],
+        }
+    ],
+}
+
+
+def test_explicit_sites_are_the_target_as_given() -> None:
+    spec = {"database": "messages", "sites": ["000000000000000b", "000000000000000a"]}
+    assert dsreplicas.target(spec, INFO) == ["000000000000000b", "000000000000000a"]
+
+
+def test_a_replication_factor_keeps_live_replicas_then_adds_sites_in_id_order() -> None:
+    spec = {"database": "messages", "replicationFactor": 2}
+    # d is a live replica (kept); b is down (dropped); a is the first other up site.
+    assert dsreplicas.target(spec, INFO) == ["000000000000000a", "000000000000000d"]
+    assert dsreplicas.target({**spec, "replicationFactor": 1}, INFO) == ["000000000000000d"]
+
+
+def test_the_status_mirrors_the_storage_and_counts_replicas_on_sites_that_are_down() -> None:
+    status = dsreplicas.mirror(INFO, "messages", ["000000000000000d"])
+    assert status["replicas"] == "000000000000000b,000000000000000d"
+    assert status["lostReplicas"] == 1
+    assert status["shards"][0]["transitions"] == [
+        {"site": "000000000000000a", "transition": "joining"}
+    ]
+    assert dsreplicas.mirror(INFO, "other", [])["shards"] == []
+
+
+def test_a_refusal_carries_the_servers_message() -> None:
+    condition = dsreplicas.refused(400, "unknown sites: ['0123456789abcdef']")
+    assert (condition.status, condition.reason) == ("False", "Refused")
+    assert "unknown sites" in condition.message
+
+
+def test_backoff_grows_to_its_cap_and_retries_only_what_says_try_again() -> None:
+    delays = list(backoff.Backoff(attempts=6, base_s=1, factor=3, cap_s=10).delays())
+    assert delays == [1, 3, 9, 10, 10]
+    assert all(backoff.retryable(s) for s in (None, 409, 429, 500, 503))
+    assert not any(backoff.retryable(s) for s in (400, 403, 404, 422))
+
+
+def test_ready_means_every_pool_adopted_and_all_its_owners_ready() -> None:
+    assert pools.readiness([]).status == "False"
+    states = [
+        {"pool": "queue-writer", "held": 2, "ready": 2},
+        {"pool": "retainer", "held": 1, "ready": 0},
+    ]
+    not_ready = pools.readiness(states)
+    assert (not_ready.status, not_ready.message) == ("False", "retainer: 0/1 ready")
+    assert pools.readiness(states[:1]).status == "True"
+    assert pools.readiness([{"pool": "p", "held": None, "ready": None}]).status == "False"
+    assert pools.migrating().status == "False"
+
+
+def test_only_planned_moves_outside_the_current_plan_are_superseded() -> None:
+    def move(name: str, to: int, pool: str = "qw", phase: str | None = "Planned") -> dict[str, Any]:
+        spec = {"pool": pool, "partition": 0, "fromOrdinal": 0, "toOrdinal": to, "generation": 2}
+        return {
+            "metadata": {"name": name},
+            "spec": spec,
+            "status": {"phase": phase} if phase else {},
+        }
+
+    existing = [
+        move("qw-g2-p6", 2),
+        move("qw-g2-p7", 2),
+        move("qw-g2-p5", 2, phase="Paused"),  # started: never dropped here
+        move("rt-g2-p1", 2, pool="rt"),
+        move("qw-g2-p4", 2, phase=None),  # created, phase not yet written: Planned
+    ]
+    plan = {"qw-g2-p7": existing[1]["spec"], "qw-g2-p6": {**existing[0]["spec"], "toOrdinal": 3}}
+    # p6 is planned again with another target, p4 no longer: both go; p7 stays as it is.
+    assert pools.superseded(existing, "qw", plan) == ["qw-g2-p4", "qw-g2-p6"]
+    assert pools.superseded(existing, "qw", {}) == ["qw-g2-p4", "qw-g2-p6", "qw-g2-p7"]
+    assert pools.move_spec("qw", 2, pools.Move(6, 0, 3)) == {
+        "pool": "qw",
+        "partition": 6,
+        "fromOrdinal": 0,
+        "toOrdinal": 3,
+        "generation": 2,
+    }
