@@ -29,10 +29,8 @@ BIN = Path(sys.executable).parent
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+    """A free port on 127.0.0.1, below the ephemeral range (as `relayctl up` picks them)."""
+    return processes.free_port("127.0.0.1")
 
 
 def wait_port(port: int, timeout_s: float = 10.0) -> None:

@@ -1,6 +1,6 @@
 """Child process for `test_missing_write_file_report`: writes and acks one queue as the case
 says, with a checkpoint after the first three writes (so `queue.log` records them), makes the
-log durable, prints the write file the checkpoint recorded and the queue's folder, and
+log durable, prints `recorded <write file the checkpoint recorded> <queue folder>`, and
 SIGKILLs itself.
 
     python -m tests.journal.missing_write_file_child ROOT QUEUE CASE
@@ -31,7 +31,8 @@ def main(root: Path, queue: str, case: str) -> None:
         journal.write(queue, mid(n), f"m{n}".encode(), ts_ms=n)
     journal.checkpoint()
     folder = journal.layout.paths(journal.root, queue)[0]
-    print(journal.info(queue).write.file, folder, flush=True)
+    # structlog's default output (the journal's own lines) goes to stdout too: a marked line
+    print("recorded", journal.info(queue).write.file, folder, flush=True)
     for step in CASES[case].split():
         n = int(step[1:])
         if step[0] == "w":

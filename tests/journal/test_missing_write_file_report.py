@@ -31,9 +31,10 @@ def _killed_child(root: Path, queue: str, case: str) -> tuple[str, Path]:
         check=False,
     )
     assert child.returncode == -signal.SIGKILL, child.stderr
-    lines = child.stdout.split()
+    lines = child.stdout.splitlines()
     assert lines[-1] == "synced", child.stdout
-    return lines[0], Path(lines[1])
+    _, file, folder = next(line for line in lines if line.startswith("recorded ")).split(" ", 2)
+    return file, Path(folder)
 
 
 @pytest.mark.parametrize(

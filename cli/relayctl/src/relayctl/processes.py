@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -116,11 +117,37 @@ def stop_all(children: list[Child], grace_s: float) -> list[str]:
     return killed
 
 
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+PORT_SPAN = 12_000
+"""How many ports below the kernel's ephemeral range `free_port` chooses from."""
+
+
+def ephemeral_low() -> int:
+    """The lowest port the kernel gives outgoing connections (and `bind(0)`)."""
+    try:
+        return int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port(host: str) -> int:
+    """A port free now, for a child to bind a moment later. Chosen at random below the kernel's
+    ephemeral range: a port probed inside it (as `bind(0)` picks) can be taken meanwhile by any
+    process's outgoing connection, which made a child fail with "port in use" on a busy machine.
+    Falls back to `bind(0)` when no such port is free."""
+    low = ephemeral_low()
+    for _ in range(100):
+        port = random.randrange(max(1024, low - PORT_SPAN), low)  # noqa: S311 - not a secret
+        with socket.socket() as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as sock:
         sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
+        found: int = sock.getsockname()[1]
+        return found
 
 
 def port_open(host: str, port: int, timeout_s: float = 0.2) -> bool:
