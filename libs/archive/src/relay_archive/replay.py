@@ -32,8 +32,9 @@ guessed at. Pure: no I/O, no clock (the cut's time is an argument).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from relay_bus import schemas
 from relay_queues.writer import DEFAULT_TTL_S
@@ -233,27 +234,50 @@ class RetainedState:
     position: dict[int, int] = field(default_factory=dict)
 
 
-def replay_retained(
-    answered: Iterable[Answered], state: RetainedState | None = None
-) -> RetainedState:
-    """Apply retained publications and deletes with their answers, in partition order."""
-    state = state or RetainedState()
+class _Requests(Protocol):
+    """What `_first_answers` keeps up to date in a replay's state."""
+
+    unreadable: int
+    seen: set[str]
+    position: dict[int, int]
+
+
+_RetainerRequest = schemas.Publication | schemas.RetainedRequest | schemas.DsRequest
+
+
+def _first_answers(
+    answered: Iterable[Answered], state: _Requests, wanted: Callable[[_RetainerRequest], bool]
+) -> Iterator[tuple[Answered, _RetainerRequest, schemas.DsReply | None]]:
+    """The `wanted` retainer requests, each id once, in partition order, with their answer
+    (None when none was archived); unreadable records are counted."""
     for item in answered:
         _check_order(state.position, item)
         record = _decode(item.request)
         if record is None:
             state.unreadable += 1
             continue
-        is_publish = isinstance(record, schemas.Publication) and record.retain
-        is_delete = isinstance(record, schemas.RetainedRequest) and record.op == "delete"
-        if not (is_publish or is_delete):
+        if not isinstance(record, _RetainerRequest) or not wanted(record):
             continue
-        assert isinstance(record, schemas.Publication | schemas.RetainedRequest)
         if record.id in state.seen:
             continue
         state.seen.add(record.id)
         reply = _decode(item.reply) if item.reply is not None else None
-        if not isinstance(reply, schemas.DsReply):
+        yield item, record, reply if isinstance(reply, schemas.DsReply) else None
+
+
+def _retained_change(record: _RetainerRequest) -> bool:
+    is_publish = isinstance(record, schemas.Publication) and record.retain
+    return is_publish or (isinstance(record, schemas.RetainedRequest) and record.op == "delete")
+
+
+def replay_retained(
+    answered: Iterable[Answered], state: RetainedState | None = None
+) -> RetainedState:
+    """Apply retained publications and deletes with their answers, in partition order."""
+    state = state or RetainedState()
+    for item, record, reply in _first_answers(answered, state, _retained_change):
+        assert isinstance(record, schemas.Publication | schemas.RetainedRequest)
+        if reply is None:
             state.uncertain.append(
                 Uncertain(item.partition, item.offset, record.id, "retain", record.topic)
             )
@@ -301,24 +325,18 @@ class StreamState:
     position: dict[int, int] = field(default_factory=dict)
 
 
+def _stream_write(record: _RetainerRequest) -> bool:
+    return isinstance(record, schemas.DsRequest) and record.op == "store"
+
+
 def replay_streams(answered: Iterable[Answered], state: StreamState | None = None) -> StreamState:
     """Collect durable-stream writes (`ds_request` `store`) with their answers, in partition
     order: a write answered 201 adds its messages, one never answered is uncertain, a refused
     one adds nothing."""
     state = state or StreamState()
-    for item in answered:
-        _check_order(state.position, item)
-        record = _decode(item.request)
-        if record is None:
-            state.unreadable += 1
-            continue
-        if not (isinstance(record, schemas.DsRequest) and record.op == "store"):
-            continue
-        if record.id in state.seen:
-            continue
-        state.seen.add(record.id)
-        reply = _decode(item.reply) if item.reply is not None else None
-        if not isinstance(reply, schemas.DsReply):
+    for item, record, reply in _first_answers(answered, state, _stream_write):
+        assert isinstance(record, schemas.DsRequest)
+        if reply is None:
             state.uncertain.append(
                 Uncertain(item.partition, item.offset, record.id, "stream", record.db)
             )
