@@ -9,7 +9,7 @@ import pytest
 
 from relay_storelog import dumpfile, records
 from relay_storelog.records import QueueRecord
-from relay_storelog.store import StoreLog, StoreLogCorrupt, StoreLogSettings
+from relay_storelog.store import DUMP_STEPS, StoreLog, StoreLogCorrupt, StoreLogSettings
 from tests.storelog import script
 
 
@@ -109,6 +109,34 @@ def test_version_1_dumps_and_logs_still_load_and_are_converted(tmp_path: Path) -
     assert not (tmp_path / "store-0.dump").exists()
     again = StoreLog(StoreLogSettings(root=tmp_path))
     assert again.in_memory == 0
+    assert dict(again.queues.items()) == model
+    assert dict(again.offsets.items()) == {"epoch": "e0", "p0": 44}
+    again.close()
+
+
+class Killed(BaseException):
+    """Stands for SIGKILL at a dump step (see tests/storelog/test_storelog.py)."""
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+@pytest.mark.parametrize("step", DUMP_STEPS)
+def test_a_conversion_stopped_at_any_step_loses_nothing(tmp_path: Path, step: str) -> None:
+    """The conversion of a version 1 dump is a dump: stopped at any of its steps (in the
+    opening caller for steps 1-4, in the dump thread for the others), the next start finds
+    the same state, from the version 1 files or the new dump."""
+    model = _write_v1(tmp_path)
+
+    def kill(name: str) -> None:
+        if name == step:
+            raise Killed(name)
+
+    try:
+        store = StoreLog(StoreLogSettings(root=tmp_path, on_dump_step=kill))
+        store.wait_dump()  # the thread stopped at the step; its files stay as they are
+        store.file.close()
+    except Killed:
+        pass
+    again = StoreLog(StoreLogSettings(root=tmp_path))
     assert dict(again.queues.items()) == model
     assert dict(again.offsets.items()) == {"epoch": "e0", "p0": 44}
     again.close()
