@@ -110,11 +110,18 @@ class QueueView:
         self.layers = layers
         self.count = count
 
-    def get(self, recipient_id: str, default: QueueRecord | None = None) -> QueueRecord | None:
+    def _in_layers(self, recipient_id: str) -> Any:
+        """The newest layer's entry (a record, or None: deleted), or `_MISSING`."""
         for layer in self.layers:
             found = layer.queues.get(recipient_id, _MISSING)
             if found is not _MISSING:
-                return default if found is None else found
+                return found
+        return _MISSING
+
+    def get(self, recipient_id: str, default: QueueRecord | None = None) -> QueueRecord | None:
+        found = self._in_layers(recipient_id)
+        if found is not _MISSING:
+            return default if found is None else found
         if self.base is not None:
             record = self.base.get(recipient_id)
             if record is not None:
@@ -133,9 +140,11 @@ class QueueView:
         if self.base is not None:
             dumped = self.base.by_sender(sender_id)
             if dumped is not None:
-                record = self.get(dumped.recipient_id)
+                record = self._in_layers(dumped.recipient_id)
+                if record is _MISSING:
+                    return dumped  # unchanged since the dump
                 if record is not None and record.sender_id == sender_id:
-                    return record
+                    return record  # type: ignore[no-any-return]
         return None
 
     def __getitem__(self, recipient_id: str) -> QueueRecord:
