@@ -101,6 +101,28 @@ def fdatasync_us(folder: Path, *, over_spare: bool, rounds: int = 1000) -> float
     return statistics.median(took) * 1e6
 
 
+async def batched_appends(
+    journal: AsyncJournal, ids: list[str], seconds: float
+) -> tuple[int, float]:
+    """The queue-writer's own pattern: a batch of commands (one per queue) applied, then one
+    wait for durability; the next batch is applied while that fsync runs."""
+    batched = 0
+    stop = time.perf_counter() + seconds
+    started = time.perf_counter()
+    pending: asyncio.Task[None] | None = None
+    while time.perf_counter() < stop:
+        lsn = 0
+        for qid in ids:
+            lsn = journal.journal.write(qid, next_msg_id(), BODY, ts_ms=1)
+        batched += len(ids)
+        if pending is not None:
+            await pending
+        pending = asyncio.ensure_future(journal.durable(lsn))
+    if pending is not None:
+        await pending
+    return batched, time.perf_counter() - started
+
+
 async def durable_appends(
     root: Path, queues: int, seconds: float, backends: tuple[str, ...]
 ) -> dict[str, Any]:
@@ -119,9 +141,12 @@ async def durable_appends(
         journal.journal.write(qid, next_msg_id(), BODY, ts_ms=1)
     await journal.durable(journal.journal.wal.written_lsn)
     latencies: list[float] = []
-    stop = time.perf_counter() + seconds
+    go = asyncio.Event()
+    stop = 0.0
 
     async def writer(qid: str) -> int:
+        # Every writer starts at `go`: creating 100,000 tasks takes seconds of its own.
+        await go.wait()
         # One clock read per write: it ends this write's latency and starts the next one's.
         count = 0
         now = time.perf_counter()
@@ -133,32 +158,20 @@ async def durable_appends(
             count += 1
         return count
 
+    tasks = [asyncio.ensure_future(writer(q)) for q in ids]
+    await asyncio.sleep(0)  # every writer waits at `go`
     rounds = journal.commit.rounds
     started = time.perf_counter()
-    written = sum(await asyncio.gather(*(writer(q) for q in ids)))
+    stop = started + seconds
+    go.set()
+    written = sum(await asyncio.gather(*tasks))
     elapsed = time.perf_counter() - started
     rounds = journal.commit.rounds - rounds
     rss_mb = (psutil.Process().memory_info().rss - rss_before) / 2**20
     handles = journal.journal.handles
     handles_released = handles.released
 
-    # The queue-writer's own pattern: a batch of commands (one per queue) applied, then one
-    # wait for durability; the next batch is applied while that fsync runs.
-    batched = 0
-    stop = time.perf_counter() + seconds
-    started = time.perf_counter()
-    pending: asyncio.Task[None] | None = None
-    while time.perf_counter() < stop:
-        lsn = 0
-        for qid in ids:
-            lsn = journal.journal.write(qid, next_msg_id(), BODY, ts_ms=1)
-        batched += len(ids)
-        if pending is not None:
-            await pending
-        pending = asyncio.ensure_future(journal.durable(lsn))
-    if pending is not None:
-        await pending
-    batch_elapsed = time.perf_counter() - started
+    batched, batch_elapsed = await batched_appends(journal, ids, seconds)
 
     async def drainer(qid: str) -> int:
         count = 0
