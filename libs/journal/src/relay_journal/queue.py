@@ -218,9 +218,20 @@ class OpenQueue:
         self._read_file = ""
         self._handles.closed(self, still_holds=self._write_fd >= 0)
 
-    def _write_unwritten(self) -> None:
+    def _write_unwritten(self, *, transient: bool = False) -> None:
+        """Write the buffered appends; `transient`: through a handle closed at once when the
+        pool holds none for this queue (buffering implies the file was opened and truncated
+        in this queue's life, so this open needs no truncation)."""
         if self._unwritten:
-            os.pwrite(self._writer(), b"".join(self._unwritten), self._unwritten_at)
+            data = b"".join(self._unwritten)
+            if transient and self._write_fd < 0:
+                fd = os.open(f"{self.folder}/messages.{self.state.write.file}.log", os.O_WRONLY)
+                try:
+                    os.pwrite(fd, data, self._unwritten_at)
+                finally:
+                    os.close(fd)
+            else:
+                os.pwrite(self._writer(), data, self._unwritten_at)
             self._unwritten.clear()
             self._unwritten_bytes = 0
 
@@ -442,12 +453,19 @@ class OpenQueue:
         """Append the state line if it changed; True if something was written."""
         if not self.on_disk or self.written_lsn == self.state.lsn:
             return False
-        self._write_unwritten()  # the line counts those bytes: they must be in the file first
+        # The line counts those bytes: they must be in the file first. A checkpoint saves
+        # every queue written since the last one (100,000 of them in issue 18's benchmark):
+        # a queue whose handle the pool closed is written through a handle of its own, not
+        # taken from the pool, which would close another queue's for it.
+        self._write_unwritten(transient=True)
         if self.state_lines + 1 > settings.state_compact_lines:
             self.compact(settings)
             return True
-        with (self.folder / STATE_FILE).open("ab") as f:
-            f.write(records.encode_state(self.state))
+        fd = os.open(f"{self.folder}/{STATE_FILE}", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, records.encode_state(self.state))
+        finally:
+            os.close(fd)
         self.state_lines += 1
         self.written_lsn = self.state.lsn
         return True
