@@ -159,15 +159,32 @@ class QueueView:
     def __len__(self) -> int:
         return self.count
 
-    def values(self) -> Iterator[QueueRecord]:
-        """Every queue: the dump's in file order (as changed since), then the new ones."""
+    def _changed(self) -> dict[str, QueueRecord | None]:
+        """Every entry of the layers, the newest winning."""
         changed: dict[str, QueueRecord | None] = {}
         for layer in reversed(self.layers):
             changed.update(layer.queues.items())
+        return changed
+
+    def values(self) -> Iterator[QueueRecord]:
+        """Every queue: the dump's in file order (as changed since), then the new ones."""
+        changed = self._changed()
         if self.base is not None:
             for record in self.base.records():
                 if record.recipient_id not in changed:
                     yield record
+        for maybe in changed.values():
+            if maybe is not None:
+                yield maybe
+
+    def for_dump(self) -> Iterator[QueueRecord | dumpfile.Frame]:
+        """`values()` for the next dump: the dump's unchanged records as frames, copied
+        without decoding."""
+        changed = self._changed()
+        if self.base is not None:
+            for frame in self.base.frames():
+                if frame.recipient_id not in changed:
+                    yield frame
         for maybe in changed.values():
             if maybe is not None:
                 yield maybe
@@ -446,7 +463,7 @@ class StoreLog:
     ) -> None:
         saving = self._path(number, "dump.saving")
         with saving.open("wb") as f:  # 5. write dump N as .saving (version 2)
-            size = dumpfile.write(f, queues.values(), dict(offsets.items()))
+            size = dumpfile.write(f, queues.for_dump(), dict(offsets.items()))
             self._step("write")
             f.flush()
             os.fsync(f.fileno())  # 6. fsync it
