@@ -140,10 +140,9 @@ class QueueJournal:
             queue.last_used = time.monotonic()
             return queue
         layout.validate_queue_id(queue_id, self.layout.longest)
-        queue = OpenQueue.load(
-            queue_id, self.layout.paths(self.root, queue_id), self.settings, self.handles
-        )
+        queue = OpenQueue.load(queue_id, self.layout.paths(self.root, queue_id), self.settings)
         self._open[queue_id] = queue
+        queue.handles = self.handles  # loading opened none: from here on they are counted
         self._evict()
         return queue
 

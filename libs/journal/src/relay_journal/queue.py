@@ -61,38 +61,8 @@ def fresh_state(lsn: int = 0, suspended: bool = False) -> QueueState:
 
 
 class OpenQueue:
-    __slots__ = (
-        "_handles",
-        "_prefix",
-        "_prefix_file",
-        "_read_fd",
-        "_read_file",
-        "_unwritten",
-        "_unwritten_at",
-        "_unwritten_bytes",
-        "_write_fd",
-        "_write_ready",
-        "folder",
-        "head",
-        "id",
-        "id_bytes",
-        "last_used",
-        "on_disk",
-        "rebuilt",
-        "state",
-        "state_lines",
-        "written_lsn",
-    )
-
     def __init__(
-        self,
-        queue_id: str,
-        folder: Path,
-        state: QueueState,
-        *,
-        on_disk: bool,
-        state_lines: int,
-        handles: Handles = _UNBOUNDED,
+        self, queue_id: str, folder: Path, state: QueueState, *, on_disk: bool, state_lines: int
     ) -> None:
         self.id = queue_id
         self.id_bytes = queue_id.encode()
@@ -111,7 +81,8 @@ class OpenQueue:
         self._write_ready = False
         """The write file was opened in this queue's life (and truncated to its position):
         appends may be buffered without a handle."""
-        self._handles = handles
+        self.handles: Handles = _UNBOUNDED
+        """The pool counting this queue's handles (the journal's, set once loaded)."""
         self._unwritten: list[bytes] = []
         """Records appended by `append` and not yet in the write file, from `_unwritten_at`."""
         self._unwritten_at = 0
@@ -127,33 +98,23 @@ class OpenQueue:
     # -- loading ---------------------------------------------------------------------------
 
     @classmethod
-    def load(
-        cls,
-        queue_id: str,
-        candidates: list[Path],
-        settings: JournalSettings,
-        handles: Handles = _UNBOUNDED,
-    ) -> OpenQueue:
+    def load(cls, queue_id: str, candidates: list[Path], settings: JournalSettings) -> OpenQueue:
         for folder in candidates:
             if (folder / STATE_FILE).exists():
-                return cls._load_folder(queue_id, folder, settings, handles)
+                return cls._load_folder(queue_id, folder, settings)
             if folder.exists() and any(folder.glob("messages.*.log")):
-                return cls._load_folder(queue_id, folder, settings, handles)
-        return cls(
-            queue_id, candidates[0], fresh_state(), on_disk=False, state_lines=0, handles=handles
-        )
+                return cls._load_folder(queue_id, folder, settings)
+        return cls(queue_id, candidates[0], fresh_state(), on_disk=False, state_lines=0)
 
     @classmethod
-    def _load_folder(
-        cls, queue_id: str, folder: Path, settings: JournalSettings, handles: Handles
-    ) -> OpenQueue:
+    def _load_folder(cls, queue_id: str, folder: Path, settings: JournalSettings) -> OpenQueue:
         state, lines = read_state_file(queue_id, folder)
         rebuilt = state is None
         if state is None:
             state = _rebuild_state(queue_id, folder)
             lines = 0
         repaired = _repair_files(queue_id, folder, state)
-        queue = cls(queue_id, folder, repaired, on_disk=True, state_lines=lines, handles=handles)
+        queue = cls(queue_id, folder, repaired, on_disk=True, state_lines=lines)
         queue.rebuilt = rebuilt
         if lines == 0 or lines > settings.state_compact_lines or repaired != state:
             queue.compact(settings)  # record a repair once, not at every load
@@ -186,9 +147,9 @@ class OpenQueue:
                 os.ftruncate(fd, self.state.write.byte)
             self._write_fd = fd
             self._write_ready = True
-            self._handles.opened(self)
+            self.handles.opened(self)
         else:
-            self._handles.touch(self)
+            self.handles.touch(self)
         return self._write_fd
 
     def _reader(self) -> int:
@@ -202,21 +163,21 @@ class OpenQueue:
         if self._read_fd < 0:
             self._read_fd = os.open(message_file(self.folder, state.read.file), os.O_RDONLY)
             self._read_file = state.read.file
-            self._handles.opened(self)
+            self.handles.opened(self)
         else:
-            self._handles.touch(self)
+            self.handles.touch(self)
         return self._read_fd
 
     def _close_write(self) -> None:
         os.close(self._write_fd)
         self._write_fd = -1
-        self._handles.closed(self, still_holds=self._read_fd >= 0)
+        self.handles.closed(self, still_holds=self._read_fd >= 0)
 
     def _close_read(self) -> None:
         os.close(self._read_fd)
         self._read_fd = -1
         self._read_file = ""
-        self._handles.closed(self, still_holds=self._write_fd >= 0)
+        self.handles.closed(self, still_holds=self._write_fd >= 0)
 
     def _write_unwritten(self, *, transient: bool = False) -> None:
         """Write the buffered appends; `transient`: through a handle closed at once when the
