@@ -222,20 +222,20 @@ def main() -> None:
     try:
         rate = asyncio.run(durable_rate(work / "rate", args.writers, args.seconds))
         figures = at_scale(work, args.queues, args.messages_per_queue, v1=not args.no_v1)
+        restart_s = figures["restart_s"]
+        summary = {
+            "benchmark": "storelog",
+            "queues": args.queues,
+            "log_records_per_s": round(rate),
+            "writers": args.writers,
+            **figures,
+            "restart_s_1m_queues": restart_s if args.queues == 1_000_000 else None,
+            "messages_per_queue": args.messages_per_queue,
+            "load_avg_1m": round(os.getloadavg()[0], 2),
+        }
+        report.emit(summary)  # before the clean-up: removing 1M queue folders takes minutes
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    restart_s = figures["restart_s"]
-    summary = {
-        "benchmark": "storelog",
-        "queues": args.queues,
-        "log_records_per_s": round(rate),
-        "writers": args.writers,
-        **figures,
-        "restart_s_1m_queues": restart_s if args.queues == 1_000_000 else None,
-        "messages_per_queue": args.messages_per_queue,
-        "load_avg_1m": round(os.getloadavg()[0], 2),
-    }
-    report.emit(summary)
 
 
 if __name__ == "__main__":
