@@ -24,9 +24,9 @@ Layout (integers little-endian):
 
 Invariants:
 - a dump that `open` accepts has a valid footer and a whole-file checksum that matches (checked
-  at open, a sequential read at disk speed, ~0.2 s per million queues from the page cache);
-  anything else raises `DumpError` naming what is wrong, and `salvage` reads the records that
-  still check out;
+  at open, a sequential read at disk speed: 0.055 s for a million queues, 178 MB, from the
+  page cache); anything else raises `DumpError` naming what is wrong, and `salvage` reads
+  the records that still check out;
 - every record read is checked again against its own crc32 (a file changed under a running
   store is reported, never served);
 - the file is never written after its rename from `.saving`: readers on other threads (a dump
