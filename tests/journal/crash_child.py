@@ -2,7 +2,11 @@
 killed, printing `opening` before it opens the journal (replay and checkpoint), `ready` once it
 is open, `w q n` before and `W q n` after each durable write, `a q n` / `A q n` for acks.
 
-    python -m tests.journal.crash_child ROOT SEED
+    python -m tests.journal.crash_child ROOT SEED [HANDLES]
+
+HANDLES (default 0: what the process may hold) bounds the queue-file handles: with 2, six
+queues share two handles, so nearly every operation closes another queue's handle (its
+buffered appends written first) and reopens its own.
 """
 
 from __future__ import annotations
@@ -18,13 +22,14 @@ from relay_journal.settings import JournalSettings
 QUEUES = [f"{chr(97 + i) * 31}{i}" for i in range(6)]
 
 
-def settings(root: Path) -> JournalSettings:
+def settings(root: Path, handles: int = 0) -> JournalSettings:
     # Small files and log segments, so rotations, read-file switches and checkpoints all happen.
     return JournalSettings(
         root=root,
         max_queue_messages=40,
         max_file_messages=48,
         max_open_queues=4,
+        max_open_files=handles,
         wal_segment_bytes=64 * 1024,
     )
 
@@ -33,12 +38,12 @@ def msg_id(seed: int, n: int) -> bytes:
     return seed.to_bytes(8, "big") + n.to_bytes(16, "big")
 
 
-async def main(root: Path, seed: int) -> None:
+async def main(root: Path, seed: int, handles: int) -> None:
     rng = random.Random(seed)
     out = sys.stdout
     out.write("opening\n")  # a kill from here on lands in recovery (replay, checkpoint)
     out.flush()
-    journal = AsyncJournal(settings(root))
+    journal = AsyncJournal(settings(root, handles))
     await journal.start()
     counter = 0
 
@@ -72,4 +77,4 @@ if __name__ == "__main__":
     import structlog
 
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
-    asyncio.run(main(Path(sys.argv[1]), int(sys.argv[2])))
+    asyncio.run(main(Path(sys.argv[1]), int(sys.argv[2]), int((sys.argv[3:] or ["0"])[0])))

@@ -13,7 +13,7 @@ import pytest
 
 from relay_journal import errors, layout, records
 from relay_journal.aio import AsyncJournal
-from relay_journal.journal import HANDLES_KEPT_FREE, HANDLES_PER_QUEUE, QueueJournal
+from relay_journal.journal import HANDLES_KEPT_FREE, QueueJournal
 from relay_journal.queue import message_file
 from relay_journal.records import Message, Pos
 from relay_journal.settings import FsyncPolicy, JournalSettings
@@ -270,8 +270,15 @@ def test_running_out_of_file_handles_drops_nothing(root: Path) -> None:
     EMFILE and the queue keeps every message. It used to take that for an unreadable file and
     drop the queue's messages."""
     journal = QueueJournal(small(root))
-    journal.write(Q, mid(1), b"first", ts_ms=1)
-    journal.write(Q, mid(2), b"second", ts_ms=2)  # the queue holds its write file, no reader
+    for n in range(1, 4):
+        journal.write(Q, mid(n), b"m%d" % n, ts_ms=n)
+    for _ in range(2):
+        head = journal.peek(Q)
+        assert head is not None
+        journal.ack(Q, head.msg_id)
+    journal.write(Q, mid(4), b"m4", ts_ms=4)
+    journal.write(Q, mid(5), b"m5", ts_ms=5)  # rotation (4 per file): m3 and m4 in the older
+    # The queue holds its new write file only; reading the older one takes a second handle.
     probe = os.open(os.devnull, os.O_RDONLY)
     os.close(probe)  # the lowest free descriptor: a limit there refuses every open
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -286,26 +293,32 @@ def test_running_out_of_file_handles_drops_nothing(root: Path) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     assert raised.value.errno == errno.EMFILE
     assert found == []
-    assert drain(journal, Q) == [b"first", b"second"]
+    assert drain(journal, Q) == [b"m3", b"m4", b"m5"]
     journal.close()
 
 
-def test_open_queues_stay_within_the_file_handle_limit(root: Path) -> None:
-    """`max_open_queues` above what RLIMIT_NOFILE allows is lowered, with a warning: writing
-    and reading more queues than that never meets EMFILE."""
+def test_open_queues_outnumber_the_file_handle_limit(root: Path) -> None:
+    """Handles are bounded by what RLIMIT_NOFILE allows, not open queues: with room for five
+    handles, 150 queues written and read stay open (none is reloaded), the least recently
+    used handles are closed instead, and nothing meets EMFILE or loses a message."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (HANDLES_KEPT_FREE + 5 * HANDLES_PER_QUEUE, hard))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (HANDLES_KEPT_FREE + 5, hard))
     try:
         with logged_warnings() as found:
-            journal = QueueJournal(small(root, max_open_queues=1000))
-        assert found == ["max_open_queues_lowered"]
-        assert journal.max_open_queues == 5
-        queues = [qid() for _ in range(150)]  # 300 handles unbounded: past the limit
+            journal = QueueJournal(small(root, max_open_queues=1000, max_open_files=100))
+        assert found == ["max_open_files_lowered"]
+        assert journal.handles.limit == 5
+        queues = [qid() for _ in range(150)]
         for n, queue in enumerate(queues):
             journal.write(queue, mid(n), b"m", ts_ms=1)
-            assert journal.peek(queue) is not None  # a reader too: two handles per queue
-        assert journal.open_queues == 5
-        assert [drain(journal, q) for q in queues] == [[b"m"]] * 150
+            assert journal.peek(queue) is not None  # read and write: one handle, same file
+            journal.write(queue, mid(1000 + n), b"n", ts_ms=1)  # buffered, handle or not
+            assert journal.handles.held <= 5
+            assert len(open_files_under(root / "queues")) <= 5
+        assert journal.open_queues == 150
+        assert journal.handles.released >= 145
+        assert [drain(journal, q) for q in queues] == [[b"m", b"n"]] * 150
+        assert journal.handles.held == 0  # empty queues hold no handle
         journal.close()
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

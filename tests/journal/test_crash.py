@@ -1,5 +1,5 @@
 """Crash tests: a child writing and acking is SIGKILLed at random moments (50 kill points per
-case, 4 cases: 200 per run), about a quarter of them while it opens the journal (replay of the
+case, 6 cases: 300 per run), about a quarter of them while it opens the journal (replay of the
 previous kill's log, the opening checkpoint); after each kill the journal reopens with every
 acknowledged write present, in order, and nothing acknowledged as acked comes back."""
 
@@ -29,10 +29,17 @@ class Child:
         for recovery land within it, whatever the load on the machine."""
 
     def run_until_killed(
-        self, root: Path, seed: int, rng: random.Random, *, in_recovery: bool
+        self, root: Path, seed: int, rng: random.Random, *, in_recovery: bool, handles: int = 0
     ) -> list[str]:
         child = subprocess.Popen(
-            [sys.executable, "-m", "tests.journal.crash_child", str(root), str(seed)],
+            [
+                sys.executable,
+                "-m",
+                "tests.journal.crash_child",
+                str(root),
+                str(seed),
+                str(handles),
+            ],
             cwd=ROOT,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -54,8 +61,15 @@ class Child:
         return ["opening", "ready", *out.splitlines()]
 
 
-@pytest.mark.parametrize("case", range(4))
-def test_acknowledged_writes_survive_sigkill(tmp_path: Path, case: int) -> None:
+@pytest.mark.parametrize(
+    ("case", "handles"),
+    [(0, 0), (1, 0), (2, 0), (3, 0), (4, 2), (5, 3)],
+    ids=["0", "1", "2", "3", "4-two-handles", "5-three-handles"],
+)
+def test_acknowledged_writes_survive_sigkill(tmp_path: Path, case: int, handles: int) -> None:
+    """Cases 4 and 5 bound the queue files' handles to two and three for six queues: handles
+    are closed and reopened between nearly every write and read (buffered appends written
+    first), and nothing acknowledged is lost either."""
     rng = random.Random(case)
     root = tmp_path / "journal"
     present: dict[str, list[int]] = {q: [] for q in crash_child.QUEUES}
@@ -63,7 +77,9 @@ def test_acknowledged_writes_survive_sigkill(tmp_path: Path, case: int) -> None:
     killed_opening = spared = 0
     for kill in range(KILLS_PER_CASE):
         in_recovery = rng.random() < 0.25
-        lines = runner.run_until_killed(root, case * 1000 + kill + 1, rng, in_recovery=in_recovery)
+        lines = runner.run_until_killed(
+            root, case * 1000 + kill + 1, rng, in_recovery=in_recovery, handles=handles
+        )
         killed_opening += "ready" not in lines
         expected = {q: list(ids) for q, ids in present.items()}
         in_flight: dict[str, tuple[str, int]] = {}
@@ -84,7 +100,7 @@ def test_acknowledged_writes_survive_sigkill(tmp_path: Path, case: int) -> None:
 
         # Segments are written over spares (zero-filled, then recycled): they must be in play.
         spared += (root / "wal" / prealloc.READY).exists()
-        journal = QueueJournal(crash_child.settings(root))
+        journal = QueueJournal(crash_child.settings(root, handles))
         try:
             assert journal.check() == []
             for queue in crash_child.QUEUES:

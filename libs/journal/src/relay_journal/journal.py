@@ -7,9 +7,11 @@ Invariants:
   open time does not grow with the number of queues; a queue the replay empties and closes is
   dropped only after the last record (a DROP logged mid-replay would sort after the records
   still to come, and a kill before the opening checkpoint would let it erase them);
-- only open queues cost memory or file handles; beyond `max_open_queues` (lowered to what the
-  process's file handle limit allows, two per queue) the least recently used
-  are closed, and a closed empty active queue leaves no files;
+- only open queues cost memory, and only queues touching their files hold handles; beyond
+  `max_open_queues` the least recently used queues are closed (a closed empty active queue
+  leaves no files), and beyond the handles the process may hold (its RLIMIT_NOFILE less
+  `HANDLES_KEPT_FREE`, or `max_open_files`) the least recently used handles are closed while
+  their queues stay open (`relay_journal.handles`);
 - refused operations (quota, suspended, wrong ack, bad id) change nothing;
 - a checkpoint writes every dirty queue's state line, flushes the filesystem (syncfs), then
   starts a new WAL segment and deletes the old ones;
@@ -39,6 +41,7 @@ import structlog
 
 from relay_durable.appendlog import fsync_dir
 from relay_journal import errors, keys, layout, records
+from relay_journal.handles import Handles
 from relay_journal.queue import OpenQueue, new_file_id, read_state_file, span_bytes
 from relay_journal.records import (
     FLAG_QUOTA,
@@ -54,7 +57,6 @@ from relay_journal.wal import Wal, list_segments, next_generation, read_segments
 
 log = structlog.get_logger(__name__)
 _monotonic = time.monotonic
-HANDLES_PER_QUEUE = 2  # an open queue holds at most its write file and its read file
 HANDLES_KEPT_FREE = 256  # for the WAL, spares, sockets and everything else in the process
 PREPARE_STEP_BYTES = 1 << 20
 """Logged bytes between two calls of `Wal.prepare_next`: a store that writes less than this
@@ -77,15 +79,17 @@ def _syncfs(path: Path) -> None:
         os.close(fd)
 
 
-def _queues_within_handle_limit(wanted: int) -> int:
+def _handle_limit(wanted: int) -> int:
+    """Queue-file handles the journal may hold: `wanted` (0: no wish), at most the process's
+    RLIMIT_NOFILE less `HANDLES_KEPT_FREE`, and at least 2 (past it, opening a queue's file
+    would fail with EMFILE)."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
-        return wanted
-    allowed = max(1, (soft - HANDLES_KEPT_FREE) // HANDLES_PER_QUEUE)
-    if wanted <= allowed:
-        return wanted
-    log.warning("max_open_queues_lowered", wanted=wanted, allowed=allowed, nofile_limit=soft)
-    return allowed
+    allowed = 1 << 62 if soft == resource.RLIM_INFINITY else soft - HANDLES_KEPT_FREE
+    if wanted and wanted <= allowed:
+        return max(2, wanted)
+    if wanted:
+        log.warning("max_open_files_lowered", wanted=wanted, allowed=allowed, nofile_limit=soft)
+    return max(2, allowed)
 
 
 def _report_missing(queue_id: str, file: str, unread: int, *, acked_in_replay: int = 0) -> None:
@@ -121,9 +125,9 @@ class QueueJournal:
         self.root = settings.root
         self.layout = layout.load_layout(self.root, settings.path_fragments)
         self._open: OrderedDict[str, OpenQueue] = OrderedDict()
-        self.max_open_queues = _queues_within_handle_limit(settings.max_open_queues)
-        """`settings.max_open_queues`, lowered (with a warning) to what the process's file
-        handle limit allows: past it, opening a queue's file fails with EMFILE."""
+        self.max_open_queues = settings.max_open_queues
+        self.handles = Handles(_handle_limit(settings.max_open_files))
+        """Every open queue's file handles, bounded by what the process may hold."""
         self.auto_sync = True
         """With FsyncPolicy.ALWAYS, fsync inside each call; with BATCH, fsync in the first call
         that finds the last fsync `batch_interval_ms` old. `AsyncJournal` turns this off and
@@ -172,6 +176,7 @@ class QueueJournal:
             else:
                 _report_missing(queue_id, *queue.missing)
         self._open[queue_id] = queue
+        queue.handles = self.handles  # loading opened none: from here on they are counted
         self._evict()
         return queue
 

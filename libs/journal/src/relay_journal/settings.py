@@ -18,7 +18,10 @@ class JournalSettings:
     """Lengths of the leading queue-id fragments that become folders: `ab/cd/ef/gh/<rest>`."""
     max_queue_messages: int = 128  # messages; the quota
     max_file_messages: int = 256  # messages per message file before rotation (> the quota)
-    max_open_queues: int = 10_000  # queues with state in memory; idle ones beyond are closed
+    max_open_queues: int = 100_000  # queues with state in memory; idle ones beyond are closed
+    max_open_files: int = 0
+    """Queue-file handles held at once (0: the process's RLIMIT_NOFILE less 256, which is also
+    the most); the least recently used are closed beyond it, their queues stay open."""
     fsync: FsyncPolicy = FsyncPolicy.ALWAYS
     fsync_backends: tuple[str, ...] = ("uring", "aio")
     """Where `AsyncJournal` runs fdatasyncs: the first `relay_durable.kernel_sync` backend the
