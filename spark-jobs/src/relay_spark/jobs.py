@@ -239,6 +239,15 @@ _COMPARED = {
 }
 
 
+def _read_table(spark: SparkSession, folder: Path, name: str) -> DataFrame:
+    """`folder/name/` as written by `_write` or `tables.write_table` (empty if it has no part)."""
+    parts = folder / name
+    schema = spark_schema(tables.SCHEMAS[name])
+    if parts.is_dir() and any(parts.glob("*.parquet")):
+        return spark.read.schema(schema).parquet(str(parts))
+    return spark.createDataFrame([], schema)
+
+
 def _differing(
     spark: SparkSession, rebuilt: Path, live: Path, name: str
 ) -> list[tuple[dict[str, Any] | None, dict[str, Any] | None]]:
@@ -247,12 +256,7 @@ def _differing(
     key = _KEYS[name]
 
     def load(folder: Path, side: str) -> DataFrame:
-        parts = folder / name
-        frame = (
-            spark.read.schema(schema).parquet(str(parts))
-            if parts.is_dir() and any(parts.glob("*.parquet"))
-            else spark.createDataFrame([], schema)
-        )
+        frame = _read_table(spark, folder, name)
         return frame.select([F.col(c).alias(f"{side}_{c}") for c in schema.fieldNames()])
 
     r, lv = load(rebuilt, "r"), load(live, "l")
@@ -279,17 +283,10 @@ def _stream_differences(
 ) -> list[verify.Difference]:
     """Stream messages held a different number of times by the rebuild and live: each side
     counted per `verify.STREAM_KEY` by Spark, the few unequal counts classified on the driver."""
-    schema = spark_schema(tables.SCHEMAS["streams"])
     key = list(verify.STREAM_KEY)
 
     def counted(folder: Path, column: str) -> DataFrame:
-        parts = folder / "streams"
-        frame = (
-            spark.read.schema(schema).parquet(str(parts))
-            if parts.is_dir() and any(parts.glob("*.parquet"))
-            else spark.createDataFrame([], schema)
-        )
-        return frame.groupBy(*key).agg(F.count("*").alias(column))
+        return _read_table(spark, folder, "streams").groupBy(*key).agg(F.count("*").alias(column))
 
     joined = counted(rebuilt, "rebuilt").join(counted(live, "live"), key, "full_outer")
     unequal = joined.fillna(0, ["rebuilt", "live"]).where(F.col("rebuilt") != F.col("live"))
