@@ -53,6 +53,21 @@ async def test_writes_merge_and_hashes_survive_a_reopen(tmp_path: Path) -> None:
     await again.close()
 
 
+async def test_a_shard_whose_number_ends_in_ff_lists_its_own_keys(tmp_path: Path) -> None:
+    """A shard's key range ends where the next shard's begins, also when the prefix ends in
+    0xff bytes (shards 255, 0xffff): anti-entropy lists such shards like any other."""
+    store = KvStore(tmp_path / "db", hints.HintLimits())
+    store.open()
+    value = Register(Version(1, 0, A), b"v")
+    shards = [254, 255, 256, 0xFFFF]
+    await store.merge([Write(3, s, "ns", f"k{s}", value) for s in shards])
+    await store.merge([Write(4, 0, "ns", "next-n", value)])
+    for shard in shards:
+        assert [key for _, key, _ in store.shard_keys(3, shard)] == [f"k{shard}"]
+    assert store.check() == []
+    await store.close()
+
+
 async def test_hints_merge_per_key_and_respect_the_limit(tmp_path: Path) -> None:
     store = KvStore(tmp_path / "db", hints.HintLimits(max_bytes=600))
     store.open()

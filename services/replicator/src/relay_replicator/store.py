@@ -54,6 +54,12 @@ def data_key(n: int, shard: int, namespace: str, key: str) -> bytes:
     return DATA + bytes([n]) + shard.to_bytes(2, "big") + namespace.encode() + b"\0" + key.encode()
 
 
+def _after(prefix: bytes) -> bytes | None:
+    """The least key above every key that starts with `prefix` (None: there is none)."""
+    kept = prefix.rstrip(b"\xff")
+    return kept[:-1] + bytes([kept[-1] + 1]) if kept else None
+
+
 def _hash_key(n: int, shard: int) -> bytes:
     return HASH + bytes([n]) + shard.to_bytes(2, "big")
 
@@ -128,7 +134,9 @@ class KvStore:
     def _range(self, prefix: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
         assert self.db is not None
         options = ReadOptions()
-        options.set_iterate_upper_bound(prefix[:-1] + bytes([prefix[-1] + 1]))
+        bound = _after(prefix)
+        if bound is not None:
+            options.set_iterate_upper_bound(bound)
         it = self.db.iter(options)
         it.seek(start or prefix)
         while it.valid():
