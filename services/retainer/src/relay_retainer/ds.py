@@ -11,7 +11,11 @@ Invariants:
   list comes in several parts;
 - `store` requests carry only topics of the partition they arrived on (refused otherwise), so a
   topic's messages always live with one retainer;
-- the consumer never waits for an operation: answers are sent by tasks.
+- the consumer never waits for an operation: answers are sent by tasks;
+- with the replicators configured (`relay_retainer.ds_targets`), a replica-set change reads the
+  storage's replicated record and applies it rather than the request's copy (the ingress wrote
+  the record first); without them, or when no replicator answers, the request's copy is
+  applied as before (a poll puts the record's back).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from relay_ds.tokens import MAX_TS
 from relay_durable import codec
 from relay_durable.outcome import Outcome
 from relay_retainer import answers, ds_admin
+from relay_retainer.ds_targets import TargetsUnavailable, TargetSync
 from relay_retainer.streams import StreamHost
 from relay_streams.errors import BadInput
 from relay_streams.model import Message
@@ -58,6 +63,7 @@ class DsRequests:
         instance: str,
         owned: Sequence[int],
         partitions: int,
+        targets: TargetSync | None = None,
     ) -> None:
         self.bus = bus
         self.host = host
@@ -66,7 +72,8 @@ class DsRequests:
         self.partitions = partitions
         self._writes: OncePerId[Outcome] = OncePerId(REMEMBERED, "ds")
         self._reads: OncePerId[Outcome] = OncePerId(READS_REMEMBERED, "ds-read")
-        self._admin = asyncio.Lock()
+        self.targets = targets
+        self._admin = asyncio.Lock() if targets is None else targets.lock
 
     async def handle(self, received: Received, request: schemas.DsRequest) -> None:
         if request.expired():
@@ -124,7 +131,8 @@ class DsRequests:
                 data = await asyncio.to_thread(ds_admin.describe, store, self.instance, self.owned)
                 return Outcome(200, data)
             if op == "set_replicas":
-                await asyncio.to_thread(ds_admin.set_replicas, store, db, request.sites, peers)
+                if not await self._from_record(request):
+                    await asyncio.to_thread(ds_admin.set_replicas, store, db, request.sites, peers)
             elif op == "join":
                 await asyncio.to_thread(ds_admin.join, store, db, request.site, peers)
             elif op == "leave":
@@ -132,6 +140,20 @@ class DsRequests:
             else:
                 await asyncio.to_thread(ds_admin.forget, store, request.site)
             return Outcome(202)
+
+    async def _from_record(self, request: schemas.DsRequest) -> bool:
+        """Apply the storage's replicated record instead of the request's copy; False when
+        there is no replicator to read or none answered (the caller applies the copy)."""
+        if self.targets is None:
+            return False
+        store, db = self.host.store, request.db
+        await asyncio.to_thread(ds_admin.register, store, db, request.peers)
+        try:
+            await self.targets.sync_held([db])
+        except TargetsUnavailable as error:
+            log.warning("ds_target_record_unread", db=db, error=str(error))
+            return False
+        return True
 
     def _messages(
         self, request: schemas.DsRequest, partition: int
