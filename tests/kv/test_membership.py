@@ -1,6 +1,8 @@
 """A membership change under way (`relay_kv.membership`): writes go to the old and the new home
-replicas and count W in each, reads stay on the old ones, a joining site pulls exactly the
-shards it enters, and a shard whose home set does not move is planned as without a change."""
+replicas and count W in each, so an acknowledged write meets every read quorum of either set;
+reads stay on the old set until every joining site pulled exactly the shards it enters, then
+move; writes stop going to the old set only once every site reads the new one; a shard whose
+home set does not move is planned as without a change."""
 
 from __future__ import annotations
 
@@ -100,7 +102,7 @@ def test_reads_stay_on_the_old_home_replicas() -> None:
         membership.plan_write(joint, set(SITES) - down, 2)
 
 
-def test_a_joining_site_pulls_the_shards_it_enters_and_then_the_change_completes() -> None:
+def test_a_joining_site_pulls_its_shards_then_reads_move_then_writes() -> None:
     old = View(1, tuple(SITES[:3]))
     change = membership.Change.start(old, SITES[:4], 2)
     joining = SITES[3]
@@ -108,15 +110,29 @@ def test_a_joining_site_pulls_the_shards_it_enters_and_then_the_change_completes
     assert incoming == [s for s in SAMPLE if joining in change.new.replicas(s, 3).home]
     assert abs(len(incoming) / len(SAMPLE) - 3 / 4) < 0.08
     assert all(change.incoming(site, 3, SAMPLE) == [] for site in SITES[:3])
-    assert not change.complete(3, {}, SAMPLE)
-    assert not change.complete(3, {joining: incoming[:-1]}, SAMPLE)
-    assert change.complete(3, {joining: incoming}, SAMPLE)
+    assert not change.pulled_all(3, {}, SAMPLE)
+    assert not change.pulled_all(3, {joining: incoming[:-1]}, SAMPLE)
+    assert change.pulled_all(3, {joining: incoming}, SAMPLE)
+    # Then reads move to the new home replicas; writes stay dual until every site reads there.
+    reading = change.reading_new()
+    shard = incoming[0]
+    joint = reading.replicas(shard, 3)
+    read = membership.plan_read(joint, set(SITES), 3, reading.step)
+    assert set(read) == set(joint.new.home)
+    assert joining in read
+    assert set(membership.plan_write(joint, set(SITES), 2).targets) == set(joint.home)
+    steps = dict.fromkeys(SITES[:3], membership.Step.READING_NEW)
+    assert not membership.finished(steps, change.new.sites)
+    steps[joining] = membership.Step.PULLING
+    assert not membership.finished(steps, change.new.sites)
+    steps[joining] = membership.Step.READING_NEW
+    assert membership.finished(steps, change.new.sites)
     # A leave: the sites that stay take over the leaving site's shards.
     leave = membership.Change.start(View(2, tuple(SITES[:4])), SITES[:3], 3)
     taken = {site: leave.incoming(site, 2, SAMPLE) for site in SITES[:3]}
     held = leave.old.shards_of(SITES[3], 2, SAMPLE)
     assert sorted(s for shards in taken.values() for s in shards) == held
-    assert leave.complete(2, taken, SAMPLE)
+    assert leave.pulled_all(2, taken, SAMPLE)
 
 
 def test_a_change_must_be_newer_and_change_something() -> None:

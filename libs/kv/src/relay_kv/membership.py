@@ -10,8 +10,12 @@ version). While it is under way:
 - a read goes to the old home replicas only (the new ones may still be pulling);
 - each site that enters a shard's home set pulls that shard (`incoming`) by merging it from a
   read quorum of the shard's old home replicas, after the change started.
-The change completes (every site switches to `new`) once every incoming shard of every site was
-pulled so.
+The change ends in two steps (`Step`), because coordinators do not switch at one instant:
+`PULLING` (dual writes, reads on the old set) becomes `READING_NEW` (dual writes, reads on the
+new set) once every incoming shard of every site was pulled (`Change.pulled_all`); only when
+every site is `READING_NEW` (`finished`) does each use `new` alone. While any coordinator may
+still read the old set, every coordinator still writes both sets, so each acknowledged write
+meets every read quorum in either step.
 
 Why this keeps R + W > N across the switch: a write acknowledged before the change is on W of
 the old home set, so a pull from a read quorum (N - W + 1) of that set sees it; a write
@@ -25,11 +29,19 @@ planned exactly as `relay_kv.quorum` plans it without a change (same targets, sa
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from relay_kv import quorum
 from relay_kv.placement import SHARDS, Replicas, View
+
+
+class Step(enum.Enum):
+    PULLING = "pulling"
+    """Dual writes; reads on the old home replicas; joining sites pull their shards."""
+    READING_NEW = "reading_new"
+    """Dual writes; reads on the new home replicas (every incoming shard was pulled)."""
 
 
 class BadChange(ValueError):
@@ -57,6 +69,7 @@ class Joint:
 class Change:
     old: View
     new: View
+    step: Step = Step.PULLING
 
     @classmethod
     def start(cls, old: View, sites: Iterable[str], version: int) -> Change:
@@ -83,7 +96,7 @@ class Change:
             and site not in self.old.replicas(shard, n).home
         ]
 
-    def complete(
+    def pulled_all(
         self, n: int, pulled: Mapping[str, Collection[int]], shards: Iterable[int] | None = None
     ) -> bool:
         """Whether every site of `new` pulled every shard it is to pull (`pulled`: site -> the
@@ -93,6 +106,16 @@ class Change:
             set(self.incoming(site, n, wanted)) <= set(pulled.get(site, ()))
             for site in self.new.sites
         )
+
+    def reading_new(self) -> Change:
+        """The next step, once `pulled_all`: reads move to the new home replicas."""
+        return replace(self, step=Step.READING_NEW)
+
+
+def finished(steps: Mapping[str, Step], sites: Iterable[str]) -> bool:
+    """Whether every site (each coordinator of the new view) reads the new set: only then may
+    writes stop going to the old one."""
+    return all(steps.get(site) is Step.READING_NEW for site in sites)
 
 
 def plan_write(joint: Joint, reachable: Collection[str], w: int) -> quorum.WritePlan:
@@ -110,9 +133,12 @@ def plan_write(joint: Joint, reachable: Collection[str], w: int) -> quorum.Write
     return quorum.WritePlan(targets, hints)
 
 
-def plan_read(joint: Joint, reachable: Collection[str], r: int) -> tuple[str, ...]:
-    """Where a read goes during a change: the old home replicas (the new may be pulling)."""
-    return quorum.plan_read(joint.old, reachable, r)
+def plan_read(
+    joint: Joint, reachable: Collection[str], r: int, step: Step = Step.PULLING
+) -> tuple[str, ...]:
+    """Where a read goes during a change: the old home replicas while the new may be pulling,
+    the new ones once every shard was pulled."""
+    return quorum.plan_read(joint.new if step is Step.READING_NEW else joint.old, reachable, r)
 
 
 @dataclass
