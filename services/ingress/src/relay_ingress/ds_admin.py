@@ -118,7 +118,7 @@ async def _write_target(ctx: Context, view: View, ds: str, target: list[sites.Si
 @router.get("/sites", response_model=list[str])
 async def list_sites(ctx: Ctx, _: Admin) -> list[sites.SiteId]:
     """Every known site: each retainer's own and those registered with them."""
-    return sorted((await _view(ctx)).known)
+    return sorted((await _view(ctx, [])).known)
 
 
 @router.get(
@@ -145,7 +145,7 @@ async def forget_site(ctx: Ctx, _: Admin, site: SitePath) -> Response:
 
 @router.get("/storages", response_model=list[str])
 async def list_storages(ctx: Ctx, _: Admin) -> list[str]:
-    return (await _view(ctx)).storage_names()
+    return (await _view(ctx, [])).storage_names()
 
 
 @router.get(
