@@ -9,6 +9,7 @@ shows the record.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import subprocess
@@ -23,6 +24,9 @@ import pytest
 from relay_ds import targets
 from relay_durable.codec import unb64u
 from relay_kv import placement
+from relay_retainer.ds_targets import TargetsUnavailable, TargetSync
+from relay_retainer.streams import StreamHost, StreamSettings
+from relay_runtime.readiness import Readiness
 from relay_streams import catalog
 from relay_streams.store import StreamStore
 from tests import helpers
@@ -110,7 +114,11 @@ def test_targets_are_one_quorum_written_record(
         try:
             running.wait_ready(f"http://127.0.0.1:{port}", other)
             _scenario(
-                running, retainers, _admin(running.ingress_url), _admin(f"http://127.0.0.1:{port}")
+                running,
+                retainers,
+                _admin(running.ingress_url),
+                _admin(f"http://127.0.0.1:{port}"),
+                tmp_path / "in-process",
             )
         finally:
             other.terminate()
@@ -125,8 +133,35 @@ def _record(replica: kvc.Replicator) -> targets.TargetRecord | None:
     return None if stored is None else targets.decode(unb64u(stored["x"]))
 
 
+def _sync(running: kvc.Cluster, root: Path, urls: list[str] | None = None) -> Any:
+    """One read of the records by a retainer's `TargetSync` on a store of its own under `root`
+    (in this process, real files): (the databases with a record, the store's target of
+    `messages`, the sites its registry knows), or the exception the read raised."""
+
+    async def run() -> Any:
+        host = StreamHost(root, "in-process", StreamSettings(), Readiness())
+        await host.open()
+        wanted = [r.url for r in running.replicators.values()] if urls is None else urls
+        sync = TargetSync(host, wanted, kvc.TOKEN, "in-process", 5.0)
+        try:
+            async with sync.lock:
+                recorded = await sync.sync_held(None)
+            return recorded, host.store.replicas("messages"), set(host.store.registry.sites)
+        except TargetsUnavailable as error:
+            return error
+        finally:
+            await sync.close()
+            await host.close()
+
+    return asyncio.run(run())
+
+
 def _scenario(
-    running: kvc.Cluster, retainers: list[Retainer], first: httpx.Client, second: httpx.Client
+    running: kvc.Cluster,
+    retainers: list[Retainer],
+    first: httpx.Client,
+    second: httpx.Client,
+    own: Path,
 ) -> None:
     info = eventually(
         lambda: (r := first.get("/ds/info")).status_code == 200 and r.json(), what="/ds/info"
@@ -134,9 +169,14 @@ def _scenario(
     a, b = [r["site"] for r in info["retainers"]]
     replicas = "/ds/storages/messages/replicas"
 
-    # Before any write (the migration): each retainer's own target, their union shown.
+    # Before any write (the migration): each retainer's own target, their union shown; a
+    # store reading the records finds none and keeps its own target.
     assert first.get(replicas).json() == sorted([a, b])
     assert [r.target() for r in retainers] == [[a], [b]]
+    recorded, target, _ = _sync(running, own)
+    assert recorded == set()
+    assert len(target) == 1
+    assert target[0] not in (a, b)
 
     # Bad input: a 4xx with a code, and nothing written anywhere.
     before = first.get("/ds/storages/messages").json()
@@ -165,6 +205,11 @@ def _scenario(
     written = [_record(r) for r in running.replicators.values()]
     assert sum(r is not None and r.replicas == [a, b] for r in written) >= 2
     assert [r.target() for r in retainers] == [[a, b], [a, b]]
+    recorded, target, known = _sync(running, own)  # the same store, now with a record to take
+    assert (recorded, target) == ({"messages"}, [a, b])
+    assert {a, b} <= known
+    unread = _sync(running, own, [f"http://127.0.0.1:{helpers.free_port()}"])
+    assert isinstance(unread, TargetsUnavailable)
 
     # One replicator of three killed (not the one coordinating the key): W=2 of 3 still
     # answers, and a later write wins.

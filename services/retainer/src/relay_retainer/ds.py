@@ -14,8 +14,8 @@ Invariants:
 - the consumer never waits for an operation: answers are sent by tasks;
 - with the replicators configured (`relay_retainer.ds_targets`), a replica-set change reads the
   storage's replicated record and applies it rather than the request's copy (the ingress wrote
-  the record first); without them, or when no replicator answers, the request's copy is
-  applied as before (a poll puts the record's back).
+  the record first); without them, when no replicator answers or when the storage has no
+  record, the request's copy is applied as before (a poll puts a record's target back).
 """
 
 from __future__ import annotations
@@ -143,17 +143,18 @@ class DsRequests:
 
     async def _from_record(self, request: schemas.DsRequest) -> bool:
         """Apply the storage's replicated record instead of the request's copy; False when
-        there is no replicator to read or none answered (the caller applies the copy)."""
+        there is no replicator to read, none answered, or the storage has no record (an asker
+        that does not write records): the caller applies the copy."""
         if self.targets is None:
             return False
         store, db = self.host.store, request.db
         await asyncio.to_thread(ds_admin.register, store, db, request.peers)
         try:
-            await self.targets.sync_held([db])
+            recorded = await self.targets.sync_held([db])
         except TargetsUnavailable as error:
             log.warning("ds_target_record_unread", db=db, error=str(error))
             return False
-        return True
+        return db in recorded
 
     def _messages(
         self, request: schemas.DsRequest, partition: int

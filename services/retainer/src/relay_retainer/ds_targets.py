@@ -94,9 +94,9 @@ class TargetSync:
 
     # -- reading and applying --------------------------------------------------------------
 
-    async def sync_held(self, names: Iterable[str] | None) -> list[str]:
+    async def sync_held(self, names: Iterable[str] | None) -> set[str]:
         """Read the records of `names` (every database held when None) and apply those that
-        differ; the databases changed. The caller holds `lock`."""
+        differ; the databases that have a record. The caller holds `lock`."""
         store = self.host.store
         local = await asyncio.to_thread(_targets, store, names)
         stored: dict[str, targets.TargetRecord] = {}
@@ -108,7 +108,7 @@ class TargetSync:
         for name, record in changes.items():
             await asyncio.to_thread(_apply, store, name, record)
             log.info("ds_target_applied", db=name, replicas=record.replicas)
-        return list(changes)
+        return set(stored)
 
     async def _read(self, name: str) -> targets.TargetRecord | None:
         body = await self._coordinate(op="get", key=name)
