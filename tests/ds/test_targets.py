@@ -96,3 +96,13 @@ def test_a_stored_target_replaces_the_retainers_own() -> None:
     view.check_target("messages", [A, B, GONE])
     with pytest.raises(Refused, match=rf"^unknown sites: {STRANGER}$"):
         view.check_target("messages", [STRANGER])
+
+
+def test_a_record_older_than_one_applied_is_not_applied() -> None:
+    old = targets.record([A], {A: "a"})
+    new = targets.record([B], {B: "b"})
+    read = {"messages": targets.Read("0000019a-0001", old), "other": targets.Read("01", new)}
+    applied = {"messages": "0000019a-0002"}
+    assert targets.not_older(read, applied) == {"other": new}
+    assert targets.not_older(read, {"messages": "0000019a-0001"}) == {"messages": old, "other": new}
+    assert targets.not_older(read, {}) == {"messages": old, "other": new}

@@ -144,8 +144,9 @@ def _sync(running: kvc.Cluster, root: Path, urls: list[str] | None = None) -> An
         wanted = [r.url for r in running.replicators.values()] if urls is None else urls
         sync = TargetSync(host, wanted, kvc.TOKEN, "in-process", 5.0)
         try:
+            read = await sync.read(None)
             async with sync.lock:
-                recorded = await sync.sync_held(None)
+                recorded = await sync.apply(read)
             return recorded, host.store.replicas("messages"), set(host.store.registry.sites)
         except TargetsUnavailable as error:
             return error

@@ -15,7 +15,9 @@ Invariants:
 - `decode(encode(r)) == r`, and `decode` either returns a record whose target passes
   `relay_ds.sites.parse_target` and names a node for every site, or raises `Refused`;
 - `changes` proposes a target only for a storage that has a record and whose local target
-  differs from it: a storage without a record is never changed (it was not written yet).
+  differs from it: a storage without a record is never changed (it was not written yet);
+- `not_older` never lets a record older than one already applied through (reads may finish
+  out of order).
 """
 
 from __future__ import annotations
@@ -72,6 +74,22 @@ def decode(data: bytes) -> TargetRecord:
     if any(not isinstance(parsed.get(site), str) or not parsed[site] for site in target):
         raise Refused("a target record names a node for every site of its target")
     return TargetRecord(target, {site: str(parsed[site]) for site in target})
+
+
+@dataclass(frozen=True)
+class Read:
+    """A record as a quorum read returned it, with the register's version (text that orders
+    as the versions do)."""
+
+    version: str
+    record: TargetRecord
+
+
+def not_older(read: Mapping[str, Read], applied: Mapping[str, str]) -> dict[str, TargetRecord]:
+    """The records read that are not older than the version last applied for their storage:
+    a read that started before another but is applied after it must not put back its older
+    record."""
+    return {name: r.record for name, r in read.items() if r.version >= applied.get(name, "")}
 
 
 def changes(

@@ -31,6 +31,7 @@ from relay_bus import routing, schemas
 from relay_bus.bus import Bus
 from relay_bus.consumers import Received
 from relay_bus.once import OncePerId
+from relay_ds import targets
 from relay_ds.tokens import MAX_TS
 from relay_durable import codec
 from relay_durable.outcome import Outcome
@@ -125,13 +126,14 @@ class DsRequests:
                     "end_of_stream": result.end_of_stream,
                 },
             )
+        read = await self._read_record(request) if op == "set_replicas" else None
         async with self._admin:
             store, peers = self.host.store, request.peers
             if op == "describe":
                 data = await asyncio.to_thread(ds_admin.describe, store, self.instance, self.owned)
                 return Outcome(200, data)
             if op == "set_replicas":
-                if not await self._from_record(request):
+                if not await self._from_record(request, read):
                     await asyncio.to_thread(ds_admin.set_replicas, store, db, request.sites, peers)
             elif op == "join":
                 await asyncio.to_thread(ds_admin.join, store, db, request.site, peers)
@@ -141,20 +143,28 @@ class DsRequests:
                 await asyncio.to_thread(ds_admin.forget, store, request.site)
             return Outcome(202)
 
-    async def _from_record(self, request: schemas.DsRequest) -> bool:
-        """Apply the storage's replicated record instead of the request's copy; False when
-        there is no replicator to read, none answered, or the storage has no record (an asker
-        that does not write records): the caller applies the copy."""
+    async def _read_record(self, request: schemas.DsRequest) -> dict[str, targets.Read] | None:
+        """The storage's replicated record as read now (outside the admin lock); None when
+        there is no replicator to read or none answered."""
         if self.targets is None:
+            return None
+        try:
+            return await self.targets.read([request.db])
+        except TargetsUnavailable as error:
+            log.warning("ds_target_record_unread", db=request.db, error=str(error))
+            return None
+
+    async def _from_record(
+        self, request: schemas.DsRequest, read: dict[str, targets.Read] | None
+    ) -> bool:
+        """Apply the storage's record instead of the request's copy (the caller holds the
+        admin lock); False when it was not read or the storage has no record (an asker that
+        writes no records): the caller applies the copy."""
+        if self.targets is None or read is None:
             return False
         store, db = self.host.store, request.db
         await asyncio.to_thread(ds_admin.register, store, db, request.peers)
-        try:
-            recorded = await self.targets.sync_held([db])
-        except TargetsUnavailable as error:
-            log.warning("ds_target_record_unread", db=db, error=str(error))
-            return False
-        return db in recorded
+        return db in await self.targets.apply(read)
 
     def _messages(
         self, request: schemas.DsRequest, partition: int

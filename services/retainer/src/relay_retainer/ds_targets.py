@@ -15,8 +15,10 @@ Invariants:
   records exist: the migration reads both until written);
 - a record is applied whole: its sites are registered (with their nodes) before the target is
   recorded, so a store that lost `sites.json` accepts it;
-- reads and applications run one at a time, under the lock the `/ds` requests share
-  (`lock`), so a store's `sites.json` and `db.json` have one writer.
+- reads need no lock (a replicator that hangs does not hold up `/ds` requests); applications
+  run one at a time, under the lock the `/ds` requests share (`lock`), so a store's
+  `sites.json` and `db.json` have one writer, and never put back a record older than one
+  applied before (`relay_ds.targets.not_older`: reads may finish out of order).
 """
 
 from __future__ import annotations
@@ -67,6 +69,8 @@ class TargetSync:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.http = httpx.AsyncClient(headers=headers, timeout=timeout_s + 2)
         self._task: asyncio.Task[None] | None = None
+        self._applied: dict[str, str] = {}
+        """The version of the record last applied, per database."""
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -85,8 +89,9 @@ class TargetSync:
         synced = False
         while True:
             try:
+                read = await self.read(None)
                 async with self.lock:
-                    await self.sync_held(None)
+                    await self.apply(read)
                 synced = True
             except Exception as error:  # the next round tries again
                 log.warning("ds_targets_unavailable", error=str(error))
@@ -94,30 +99,40 @@ class TargetSync:
 
     # -- reading and applying --------------------------------------------------------------
 
-    async def sync_held(self, names: Iterable[str] | None) -> set[str]:
-        """Read the records of `names` (every database held when None) and apply those that
-        differ; the databases that have a record. The caller holds `lock`."""
-        store = self.host.store
-        local = await asyncio.to_thread(_targets, store, names)
-        stored: dict[str, targets.TargetRecord] = {}
-        for name in local:
+    async def read(self, names: Iterable[str] | None) -> dict[str, targets.Read]:
+        """The records of `names` (every database held when None) that exist, each read with a
+        quorum; `TargetsUnavailable` if one could not be read. Needs no lock."""
+        held = await asyncio.to_thread(_held, self.host.store, names)
+        found: dict[str, targets.Read] = {}
+        for name in held:
             record = await self._read(name)
             if record is not None:
-                stored[name] = record
-        changes = targets.changes(local, stored)
-        for name, record in changes.items():
+                found[name] = record
+        return found
+
+    async def apply(self, read: dict[str, targets.Read]) -> set[str]:
+        """Record the targets of `read` that differ from the store's and are not older than
+        what was applied before; the databases that have a record. The caller holds `lock`."""
+        store = self.host.store
+        fresh = targets.not_older(read, self._applied)
+        local = await asyncio.to_thread(_targets, store, fresh)
+        for name, record in targets.changes(local, fresh).items():
             await asyncio.to_thread(_apply, store, name, record)
             log.info("ds_target_applied", db=name, replicas=record.replicas)
-        return set(stored)
+        for name in fresh:
+            self._applied[name] = read[name].version
+        return set(read)
 
-    async def _read(self, name: str) -> targets.TargetRecord | None:
+    async def _read(self, name: str) -> targets.Read | None:
         body = await self._coordinate(op="get", key=name)
         if body.get("code") == "NOT_FOUND":
             return None
         if body.get("code") is not None:
             raise TargetsUnavailable(f"{body['code']}: {body.get('detail', '')}")
         try:
-            return targets.decode(codec.unb64u(str(body["data"]["value"])))
+            data = body["data"]
+            record = targets.decode(codec.unb64u(str(data["value"])))
+            return targets.Read(str(data["version"]), record)
         except (KeyError, TypeError, ValueError, Refused) as error:
             raise TargetsUnavailable(f"the target record of {name!r} is damaged: {error}") from None
 
@@ -149,10 +164,13 @@ class TargetSync:
         raise TargetsUnavailable(f"no replicator answered ({'; '.join(errors) or 'none set'})")
 
 
-def _targets(store: StreamStore, names: Iterable[str] | None) -> dict[str, list[Any]]:
+def _held(store: StreamStore, names: Iterable[str] | None) -> list[str]:
     held = store.storages()
-    wanted = held if names is None else [n for n in names if n in held]
-    return {name: list(store.replicas(name)) for name in wanted}
+    return held if names is None else [n for n in names if n in held]
+
+
+def _targets(store: StreamStore, names: Iterable[str]) -> dict[str, list[Any]]:
+    return {name: list(store.replicas(name)) for name in _held(store, names)}
 
 
 def _apply(store: StreamStore, name: str, record: targets.TargetRecord) -> None:
