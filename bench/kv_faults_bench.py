@@ -25,7 +25,8 @@ One suite, `relayctl up --replicators 3` in a temp data dir, a namespace with n=
   (`KvStore.merge`, the same envelopes on each, so nothing diverges) up to `--restart-keys`
   keys; the suite starts again, one replicator is killed, and the time from its restart to a
   200 from its `/readyz` is measured, with the same figure before the fill for comparison.
-  Target: ready within 2 s at 1M keys.
+  Target: ready within 2 s at 1M keys. Then the rest figures again, with the filled stores
+  (`filled_rest_cpu_percent*`).
 The last line is the JSON summary (`bench/report.py`).
 """
 
@@ -289,11 +290,14 @@ def restart_phase(relay: kv_bench.Relay, options: Any, value: bytes) -> dict[str
     filled_s = time.monotonic() - began
     relay.start()
     after = restart_once(data_dir)
+    wait_all_ready(data_dir)
+    at_rest = rest_phase(relay, options)
     return {
         "restart_keys": options.restart_keys,
         "restart_fill_s_per_store": round(filled_s / max(len(stores), 1), 1),
         "restart_ready_s_small": before,
         "restart_ready_s_filled": after,
+        **{f"filled_{name}": figure for name, figure in at_rest.items()},
     }
 
 

@@ -1,6 +1,7 @@
 """Anti-entropy between two real replicators (in process, real sockets and stores): a pass
 listing a few shards per call and exchanging a few keys per batch leaves both sites with the
-join of what either held, equal hashes, and the newer version of every key held twice."""
+join of what either held, equal hashes, and the newer version of every key held twice; a
+write after a pass is found by the next one."""
 
 from __future__ import annotations
 
@@ -44,3 +45,7 @@ async def test_a_pass_in_small_batches_leaves_both_sites_with_the_join(tmp_path:
             assert both.value == b"new"
             assert store.check() == []
         assert await sync.run_pass() == {b.peers.me: 0}
+        # Group hashes are remembered between passes only while the tree is unchanged.
+        await a.local.store.merge([write("late", b"a", 3)])
+        assert await sync.run_pass() == {b.peers.me: 1}
+        assert b.local.store.get(2, placement.shard_of("ns", "late"), "ns", "late") is not None

@@ -59,6 +59,8 @@ class Sync:
         self.shards_per_call = shards_per_call
         self._home: dict[tuple[int, int], tuple[str, ...]] = {}
         self._home_view = 0
+        self._groups: dict[tuple[int, str], tuple[tictac.Tree, tuple[int, int], dict[str, Any]]]
+        self._groups = {}
         self.passes = 0
         self._rounds = Periodic("kv-sync", interval_s, self.run_pass)
 
@@ -93,9 +95,18 @@ class Sync:
         return self.store.tree.get(n) or tictac.Tree()
 
     def groups(self, n: int, peer: str) -> dict[str, Any]:
+        """The group hashes of the shards shared with `peer`, recomputed only when the tree or
+        the view changed since the last time (at rest a pass costs two small calls per peer,
+        not a walk of every shard holding data)."""
         tree = self._tree(n)
+        stamp = (tree.changes, self.peers.view.version)
+        known = self._groups.get((n, peer))
+        if known is not None and known[0] is tree and known[1] == stamp:
+            return known[2]
         hashes = tree.groups(self.shared(n, peer, list(tree.shards)))
-        return {"groups": {str(g): f"{h:016x}" for g, h in hashes.items()}}
+        answer = {"groups": {str(g): f"{h:016x}" for g, h in hashes.items()}}
+        self._groups[(n, peer)] = (tree, stamp, answer)
+        return answer
 
     def shards(self, n: int, peer: str, groups: list[int]) -> dict[str, Any]:
         wanted = set(groups)
