@@ -13,6 +13,8 @@ Invariants:
   says, so it is kept as close as the handler allows. Stop and revocation commit in line;
 - a record this build cannot decode is counted, logged once and skipped (it would fail forever);
 - `stop()` lets the batch in hand finish, commits, and leaves the group before returning;
+- `reassign()` (fixed partitions only) returns once no record of a dropped partition is being
+  handled or will be handed on (fetched ones are discarded), after committing what was handled;
 - with `start_offsets`, reading starts where it says, on every assignment (fixed partitions at
   start, a group's partitions at each rebalance) and again after the broker lost its log;
   without it, from the committed offset (then the earliest), and from offset 0 after a loss.
@@ -122,6 +124,8 @@ class Consumer:
         self._handled: dict[clients.TopicPartition, int] = {}
         self._committing: asyncio.Task[None] | None = None
         self._next_commit = 0.0
+        self._handling = asyncio.Lock()
+        """Held while a record is handed to the handler; `reassign` takes it to fence."""
 
     @property
     def name(self) -> str:
@@ -156,6 +160,24 @@ class Consumer:
         for partition, offset in (await self.start_offsets(partitions)).items():
             self._consumer.seek(clients.TopicPartition(self.physical_topic, partition), offset)
 
+    async def reassign(self, partitions: Sequence[int]) -> None:
+        """Read `partitions` from now on (a consumer on fixed partitions). A dropped partition is
+        fenced when this returns: the handler call in progress has returned, no fetched record of
+        it is handed on, and what was handled is committed. Partitions kept or added start as at
+        `start` (`start_offsets`, else the committed offset)."""
+        if self.partitions is None:
+            raise ValueError("a group consumer's partitions are Kafka's to balance")
+        wanted = sorted(set(partitions))
+        if self._consumer is None:
+            self.partitions = wanted
+            return
+        async with self._handling:
+            self.partitions = wanted
+            await self._commit()
+            self._handled.clear()
+            await self._assign()
+        log.info("partitions_reassigned", topic=self.topic, partitions=wanted)
+
     def reset_to_beginning(self) -> None:
         """The broker lost its log (a new epoch): read every partition again from offset 0."""
         self._reset_requested = True
@@ -187,8 +209,13 @@ class Consumer:
                 continue
             for tp, records in batches.items():
                 for message in records:
-                    if not await self._handle(tp, message):
-                        self._consumer.seek(tp, message.offset)
+                    async with self._handling:
+                        if self.partitions is not None and tp.partition not in self.partitions:
+                            break  # reassigned away while this batch was in hand
+                        handled = await self._handle(tp, message)
+                        if not handled:
+                            self._consumer.seek(tp, message.offset)
+                    if not handled:
                         await asyncio.sleep(RETRY_BACKOFF_S)
                         break
             if self.start_offsets is not None and self.partitions is not None:
