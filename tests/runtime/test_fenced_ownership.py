@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -18,6 +19,7 @@ import httpx
 import pytest
 
 from relay_bus import clients, topics
+from relay_runtime import exits
 from tests import helpers
 
 TOKEN = "fence-token"
@@ -227,3 +229,51 @@ def test_a_restart_with_another_replica_count_never_gives_a_partition_two_owners
         assert _serving(urls) == [[0, 2], [1, 3]]
     with _pool(script, kafka, tmp_path, replicas=3) as urls:
         assert _serving(urls) == [[0, 2], [1, 3], []]
+
+
+def test_an_empty_instance_above_0_waits_for_a_published_assignment_then_gives_up(
+    kafka: helpers.Kafka, tmp_path: Path
+) -> None:
+    """Only instance 0 may start a pool's first generation: ordinal 1 on an empty volume and
+    an empty `relay.ownership` serves nothing of its own accord, and says why."""
+    env = _env(kafka, tmp_path / "d1", 1, 2)
+    result = subprocess.run(
+        [str(helpers.BIN / "relay-queue-writer")],
+        env=helpers.service_env(RELAY_STARTUP_TIMEOUT_S="3", RELAY_HTTP__PORT="0", **env),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == exits.EXIT_UNAVAILABLE, result.stderr
+    errors = [line for line in result.stderr.splitlines() if ": error: " in line]
+    assert len(errors) == 1, result.stderr
+    assert "no queue-writer assignment is recorded or published yet" in errors[0]
+    assert not (tmp_path / "d1" / "ownership.json").exists()
+
+
+def test_an_instance_publishes_its_acceptance_again_when_the_topic_lost_it(
+    kafka: helpers.Kafka, tmp_path: Path
+) -> None:
+    """The fence counts an instance with nothing (or something else) published as serving
+    nothing of its own; one whose record is overwritten (as after a broker lost its log and
+    another record took the key) publishes what it serves again."""
+    from relay_bus.ownership_log import OwnershipLog
+    from relay_runtime.assignment import Assignment
+
+    async def overwrite_then_read(wait_s: float) -> dict[int, Assignment]:
+        log = OwnershipLog(kafka.settings(), "queue-writer", "fence-test")
+        await log.start()
+        try:
+            await log.publish(0, Assignment(1, 2, (1, 1, 1, 1)))
+            assert (await log.read(PARTITIONS))[0] == Assignment(1, 2, (1, 1, 1, 1))
+            await asyncio.sleep(wait_s)
+            return await log.read(PARTITIONS)
+        finally:
+            await log.close()
+
+    with _pool("relay-queue-writer", kafka, tmp_path, replicas=1) as (a,):
+        assert _state(a)["serving"] == [0, 1, 2, 3]
+        published = asyncio.run(overwrite_then_read(12.0))
+        assert published[0] == Assignment(1, 1, (0, 0, 0, 0))
+        assert _state(a)["serving"] == [0, 1, 2, 3]

@@ -43,6 +43,7 @@ _HANDLE_SECONDS = Histogram(
 )
 
 RETRY_BACKOFF_S = 1.0
+IDLE_POLL_S = 0.2
 
 
 @dataclass(frozen=True)
@@ -138,13 +139,24 @@ class Consumer:
         return sorted(tp.partition for tp in self._consumer.assignment())
 
     async def start(self) -> None:
-        self._consumer = clients.consumer(self.settings, self.client_id, self.group_id)
-        await self._consumer.start()
+        if self.partitions == []:
+            # Nothing to read yet (`reassign` gives it partitions): no Kafka client until then.
+            # Assigning a started client while its group coordinator is still being found
+            # kills aiokafka's coordination task (an assertion), so the client is created with
+            # its first partitions, as below.
+            self.assigned = True
+        else:
+            await self._open()
+        self._task = asyncio.create_task(self._run(), name=self.name)
+
+    async def _open(self) -> None:
+        consumer = clients.consumer(self.settings, self.client_id, self.group_id)
+        await consumer.start()
+        self._consumer = consumer
         if self.partitions is None:
             self._consumer.subscribe([self.physical_topic], listener=_GroupListener(self))
         else:
             await self._assign()
-        self._task = asyncio.create_task(self._run(), name=self.name)
 
     async def _assign(self) -> None:
         assert self._consumer is not None
@@ -168,14 +180,21 @@ class Consumer:
         if self.partitions is None:
             raise ValueError("a group consumer's partitions are Kafka's to balance")
         wanted = sorted(set(partitions))
-        if self._consumer is None:
+        if self._task is None:  # not started: `start` reads these
             self.partitions = wanted
             return
         async with self._handling:
             self.partitions = wanted
-            await self._commit()
-            self._handled.clear()
-            await self._assign()
+            if self._consumer is None:
+                if wanted:
+                    await self._open()
+            else:
+                await self._commit()
+                self._handled.clear()
+                if wanted:
+                    await self._assign()
+                else:
+                    self._consumer.unsubscribe()
         log.info("partitions_reassigned", topic=self.topic, partitions=wanted)
 
     def reset_to_beginning(self) -> None:
@@ -191,8 +210,11 @@ class Consumer:
             raise
 
     async def _loop(self) -> None:
-        assert self._consumer is not None
         while not self._stopping.is_set():
+            if self._consumer is None or self.partitions == [] or self._handling.locked():
+                # Fixed partitions, none at the moment, or `reassign` under way.
+                await asyncio.sleep(IDLE_POLL_S)
+                continue
             if self._reset_requested:
                 self._reset_requested = False
                 self._handled.clear()
@@ -208,20 +230,25 @@ class Consumer:
                 await asyncio.sleep(RETRY_BACKOFF_S)
                 continue
             for tp, records in batches.items():
-                for message in records:
-                    async with self._handling:
-                        if self.partitions is not None and tp.partition not in self.partitions:
-                            break  # reassigned away while this batch was in hand
-                        handled = await self._handle(tp, message)
-                        if not handled:
-                            self._consumer.seek(tp, message.offset)
-                    if not handled:
-                        await asyncio.sleep(RETRY_BACKOFF_S)
-                        break
+                await self._handle_records(tp, records)
             if self.start_offsets is not None and self.partitions is not None:
                 self._commit_when_due()
             else:
                 await self._commit()
+
+    async def _handle_records(self, tp: clients.TopicPartition, records: list[object]) -> None:
+        """Hand `records` of one partition on in order, up to a failed one (read again after a
+        back-off) or until the partition is reassigned away."""
+        for message in records:
+            async with self._handling:
+                if self.partitions is not None and tp.partition not in self.partitions:
+                    return  # reassigned away while this batch was in hand
+                handled = await self._handle(tp, message)
+                if not handled and self._consumer is not None:
+                    self._consumer.seek(tp, getattr(message, "offset"))  # noqa: B009
+            if not handled:
+                await asyncio.sleep(RETRY_BACKOFF_S)
+                return
 
     def _commit_when_due(self) -> None:
         """Start a background commit if the interval has passed and none is under way."""

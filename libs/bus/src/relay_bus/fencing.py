@@ -13,7 +13,10 @@ Invariants:
   returned: no record of them is handled any more) before the new assignment is recorded,
   published or acknowledged; it is recorded on disk before it is published, and published
   before any partition it adds is served;
-- installs run one at a time.
+- installs run one at a time;
+- what the instance accepted stays published: checked every `KEEP_INTERVAL_S` and published
+  again when missing (a broker that lost its log), since the fence takes an instance with
+  nothing published for one that serves nothing.
 """
 
 from __future__ import annotations
@@ -26,12 +29,15 @@ from typing import Any
 
 import structlog
 
+from relay_bus import clients
 from relay_bus.ownership_log import OwnershipLog
 from relay_runtime import assignment, exits, ownership
 
 log = structlog.get_logger(__name__)
 
 WAIT_POLL_S = 0.5
+KEEP_INTERVAL_S = 5.0
+"""How often an instance checks that `relay.ownership` still holds its acceptance."""
 
 Serve = Callable[[list[int]], Awaitable[None]]
 """Serve exactly these partitions from now on; returns once the dropped ones are fenced."""
@@ -67,6 +73,7 @@ class Ownership:
         self.accepted: assignment.Assignment | None = None
         self.serving: list[int] = []
         self._lock = asyncio.Lock()
+        self._keeper: asyncio.Task[None] | None = None
 
     async def start(
         self,
@@ -75,6 +82,18 @@ class Ownership:
     ) -> None:
         """Decide what to serve at start (the bus started, the consumer on no partition),
         call `prepare` with the assignment decided, then serve."""
+        try:
+            await self._start(timeout_s, prepare)
+        except clients.KafkaError as error:
+            raise exits.StartupError(
+                f"{self.log.topic} could not be read or written: {error}", exits.EXIT_UNAVAILABLE
+            ) from None
+
+    async def _start(
+        self,
+        timeout_s: float,
+        prepare: Callable[[assignment.Assignment], Awaitable[None]] | None,
+    ) -> None:
         recorded = ownership.claim_data_dir(
             self.data_dir, self.service, self.ordinal, self.partitions
         )
@@ -105,6 +124,7 @@ class Ownership:
         if prepare is not None:
             await prepare(newest)
         await self._accept(newest)
+        self._keeper = asyncio.create_task(self.keep_published(), name="ownership-keeper")
 
     async def install(self, offered: assignment.Assignment) -> dict[str, Any]:
         """Accept `offered` if it is newer (or the same again: partitions whose previous owner
@@ -168,5 +188,27 @@ class Ownership:
             "owns_nothing": not owned,
         }
 
+    async def keep_published(self, interval_s: float = KEEP_INTERVAL_S) -> None:
+        """Publish the accepted assignment again whenever `relay.ownership` lacks it (a broker
+        that lost its log, a compaction gone wrong): the fence counts an instance with nothing
+        published as serving nothing, so an instance that serves must stay published. Runs
+        until cancelled."""
+        while True:
+            await asyncio.sleep(interval_s)
+            async with self._lock:
+                if self.accepted is None:
+                    continue
+                try:
+                    published = await self.log.read(self.partitions)
+                    if published.get(self.ordinal) != self.accepted:
+                        await self.log.publish(self.ordinal, self.accepted)
+                        log.warning("ownership_republished", generation=self.accepted.generation)
+                except clients.KafkaError as error:
+                    log.warning("ownership_check_failed", error=str(error))
+
     async def close(self) -> None:
+        if self._keeper is not None:
+            self._keeper.cancel()
+            await asyncio.gather(self._keeper, return_exceptions=True)
+            self._keeper = None
         await self.log.close()
