@@ -111,6 +111,7 @@ _steps = st.lists(
     st.one_of(
         st.tuples(st.just("install"), st.integers(0, ORDINALS - 1), _assignments()),
         st.tuples(st.just("read"), st.integers(0, ORDINALS - 1), st.none()),
+        st.tuples(st.just("restart"), st.integers(0, ORDINALS - 1), st.none()),
     ),
     max_size=40,
 )
@@ -125,7 +126,21 @@ def test_no_interleaving_of_installs_gives_a_partition_two_servers(
     log: dict[int, Assignment] = {}
     for action, k, offered in steps:
         me = pool[k]
-        if action == "install":
+        if action == "restart":
+            # The process dies (serves nothing) and starts on what its data dir recorded and
+            # what the others published: the newest, if they agree.
+            me.serving = set()
+            me.published_pending_read = False
+            try:
+                decided = assignment.newest(me.accepted, *log.values())
+            except assignment.InvalidAssignment:
+                continue  # refused to start
+            if decided is None:
+                continue
+            me.accepted = decided
+            log[k] = decided
+            me.published_pending_read = True
+        elif action == "install":
             assert offered is not None
             verdict = assignment.compare(me.accepted, offered)
             if verdict in (Verdict.STALE, Verdict.CONFLICT):
