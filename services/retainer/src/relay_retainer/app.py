@@ -22,6 +22,7 @@ from relay_bus.lifecycle import BusLifecycle
 from relay_bus.ownership_log import OwnershipLog
 from relay_bus.ownership_routes import ownership_routes
 from relay_retainer.ds import DsRequests
+from relay_retainer.ds_targets import TargetSync
 from relay_retainer.replication import RetainedReplication
 from relay_retainer.retained import RetainedHost, RetainedRequests, RetainedServiceSettings
 from relay_retainer.streams import StreamHost, StreamSettings
@@ -48,7 +49,17 @@ def build(config: RetainerSettings) -> tuple[FastAPI, BusLifecycle]:
     owned: list[int] = []
     """The partitions served now (`serve` replaces its contents)."""
     host = StreamHost(config.data.dir / "streams", config.instance, config.streams, readiness)
-    ds = DsRequests(bus, host, config.instance, owned, config.kafka.partitions)
+    token = config.admin_token.get_secret_value() if config.admin_token else None
+    targets = None
+    if config.retained.replicators:  # replica-set targets from their replicated records
+        targets = TargetSync(
+            host,
+            config.retained.replicators,
+            token,
+            config.instance,
+            config.retained.replication_timeout_s,
+        )
+    ds = DsRequests(bus, host, config.instance, owned, config.kafka.partitions, targets)
     replication = None
     if config.retained.replication == "quorum":
         replication = RetainedReplication(
@@ -103,12 +114,14 @@ def build(config: RetainerSettings) -> tuple[FastAPI, BusLifecycle]:
         await host.open()
         await retained_host.open()
         owned[:] = []
+        if targets is not None:
+            await targets.start()
 
     async def take_ownership() -> None:
         await owner.start(config.startup_timeout_s, open_stores)
 
     close_replication = () if replication is None else (replication.close,)
-    token = config.admin_token.get_secret_value() if config.admin_token else None
+    close_targets = () if targets is None else (targets.close,)
     app = FastAPI(
         title="Relay retainer", routes=[*probe_routes(readiness), *ownership_routes(owner, token)]
     )
@@ -118,6 +131,12 @@ def build(config: RetainerSettings) -> tuple[FastAPI, BusLifecycle]:
         before_start=(open_data_dir,),
         after_start=(take_ownership,),
         drain=(ds.drain, retained.drain, host.stop_writing, retained_host.stop_writing),
-        after_stop=(host.close, retained_host.close, *close_replication, owner.close),
+        after_stop=(
+            *close_targets,
+            host.close,
+            retained_host.close,
+            *close_replication,
+            owner.close,
+        ),
     )
     return app, lifecycle
