@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -167,6 +168,30 @@ def test_one_to_two_moves_half_the_partitions_to_the_new_ordinal() -> None:
     assert [(m.source, m.target) for m in moves] == [(0, 1)] * 4
     back = pools.plan(pools.apply(pools.initial(8, 1), moves), 1)
     assert sorted(m.partition for m in back) == sorted(m.partition for m in moves)
+
+
+def _answer(generation: int, owners: list[int]) -> dict[str, Any]:
+    """What a service answers at `GET /internal/ownership` (only the part the operator reads)."""
+    record = {"generation": generation, "partitions": len(owners), "replicas": 2}
+    return {"generation": generation, "assignment": {**record, "assignment": owners}}
+
+
+def test_a_pool_adopts_the_newest_assignment_its_instances_report() -> None:
+    # No answer (or only instances waiting for their first one): p mod n, generation 1.
+    assert pools.adopted(4, 2, []) == (1, [0, 1, 0, 1])
+    assert pools.adopted(4, 2, [{"assignment": None}]) == (1, [0, 1, 0, 1])
+    # The services moved on (generation 3 on one instance, 2 still on another): the newest.
+    reported = [_answer(2, [0, 0, 1, 1]), _answer(3, [0, 1, 1, 1]), _answer(2, [0, 0, 1, 1])]
+    assert pools.adopted(4, 3, reported) == (3, [0, 1, 1, 1])
+
+
+def test_a_pool_adopts_nothing_from_conflicting_or_foreign_reports() -> None:
+    for reported, message in (
+        ([_answer(2, [0, 0, 1, 1]), _answer(2, [1, 0, 1, 1])], "different owners"),
+        ([_answer(2, [0, 0, 1])], "reports 3 partitions"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            pools.adopted(4, 2, reported)
 
 
 def test_the_blocked_message_says_moves_do_not_run() -> None:

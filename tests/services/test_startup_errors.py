@@ -48,11 +48,6 @@ def _assert_one_line(result: subprocess.CompletedProcess[str], code: int, *fragm
         ("relay-retainer", {"RELAY_HTTP__PORT": "-1"}, ["RELAY_HTTP__PORT"]),
         ("relay-replicator", {"RELAY_STARTUP_TIMEOUT_S": "soon"}, ["RELAY_STARTUP_TIMEOUT_S"]),
         ("relay-queue-writer", {"RELAY_DATA__REPLICAS": "0"}, ["RELAY_DATA__REPLICAS"]),
-        (
-            "relay-queue-writer",
-            {"RELAY_DATA__REPLICAS": "2", "RELAY_DATA__ORDINAL": "5"},
-            ["ordinal 5 is out of range"],
-        ),
     ],
 )
 def test_invalid_settings(
@@ -96,23 +91,6 @@ def test_port_in_use(kafka: Kafka, tmp_path: Path) -> None:
             RELAY_DATA__DIR=str(tmp_path),
         )
     _assert_one_line(result, exits.EXIT_OSERR, f"port {port} on 127.0.0.1 is in use")
-
-
-def test_changed_number_of_instances_is_refused(kafka: Kafka, tmp_path: Path) -> None:
-    from relay_runtime import ownership
-
-    ownership.claim_data_dir(tmp_path, "queue-writer", 0, 1)
-    result = _run(
-        "relay-queue-writer",
-        **kafka.env(),
-        RELAY_HTTP__PORT="0",
-        RELAY_DATA__DIR=str(tmp_path),
-        RELAY_DATA__REPLICAS="2",
-        RELAY_DATA__ORDINAL="0",
-    )
-    _assert_one_line(
-        result, exits.EXIT_CONFIG, "instance 0 of 1; refusing to start as instance 0 of 2"
-    )
 
 
 def test_mismatched_topic_on_a_keeping_broker_is_refused(kafka: Kafka, redis_url: str) -> None:

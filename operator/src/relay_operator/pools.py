@@ -1,8 +1,9 @@
 """Partition ownership of a pool (queue-writers or retainers) and the moves a scale needs.
 
-An assignment is a list: index = partition, value = the ordinal that owns it. Today's services
-derive theirs from `p mod n` (`initial`); the fenced, generation-numbered assignment replaces that
-rule, and `plan` is written for it.
+An assignment is a list: index = partition, value = the ordinal that owns it. The services hold
+a fenced, generation-numbered one (decision 0019) and report it at `GET /internal/ownership`;
+`adopted` takes the newest they report, `initial` (`p mod n`, their generation 1) when none
+answers. `plan` is written for it.
 
 Invariants of `plan(assignment, wanted)`: applying its moves leaves every partition owned by one
 ordinal below `wanted`; the partitions per ordinal differ by at most one; a partition moves only
@@ -32,6 +33,32 @@ class Move:
 def initial(partitions: int, replicas: int) -> list[int]:
     """The assignment services use before generations exist: partition p on ordinal p mod n."""
     return [p % replicas for p in range(partitions)]
+
+
+def adopted(
+    partitions: int, replicas: int, reported: list[dict[str, Any]]
+) -> tuple[int, list[int]]:
+    """The (generation, assignment) a pool adopts: the newest among its instances' answers to
+    `GET /internal/ownership` (`reported`; instances that did not answer are left out), else
+    generation 1 of `initial`. Two answers with the newest generation and different owners, or
+    one for another partition count, raise ValueError: nothing is adopted until resolved."""
+    found: dict[int, list[int]] = {}
+    for answer in reported:
+        record = answer.get("assignment")
+        if not isinstance(record, dict):
+            continue  # an instance still waiting for its first assignment
+        generation, owners = int(record["generation"]), [int(o) for o in record["assignment"]]
+        if len(owners) != partitions:
+            raise ValueError(
+                f"an instance reports {len(owners)} partitions, the cluster has {partitions}"
+            )
+        if found.get(generation, owners) != owners:
+            raise ValueError(f"instances report generation {generation} with different owners")
+        found[generation] = owners
+    if not found:
+        return 1, initial(partitions, replicas)
+    newest = max(found)
+    return newest, found[newest]
 
 
 def plan(assignment: list[int], wanted: int) -> list[Move]:

@@ -13,6 +13,8 @@ Invariants:
   says, so it is kept as close as the handler allows. Stop and revocation commit in line;
 - a record this build cannot decode is counted, logged once and skipped (it would fail forever);
 - `stop()` lets the batch in hand finish, commits, and leaves the group before returning;
+- `reassign()` (fixed partitions only) returns once no record of a dropped partition is being
+  handled or will be handed on (fetched ones are discarded), after committing what was handled;
 - with `start_offsets`, reading starts where it says, on every assignment (fixed partitions at
   start, a group's partitions at each rebalance) and again after the broker lost its log;
   without it, from the committed offset (then the earliest), and from offset 0 after a loss.
@@ -41,6 +43,7 @@ _HANDLE_SECONDS = Histogram(
 )
 
 RETRY_BACKOFF_S = 1.0
+IDLE_POLL_S = 0.2
 
 
 @dataclass(frozen=True)
@@ -128,6 +131,8 @@ class Consumer:
         self._handled: dict[clients.TopicPartition, int] = {}
         self._committing: asyncio.Task[None] | None = None
         self._next_commit = 0.0
+        self._handling = asyncio.Lock()
+        """Held while a record is handed to the handler; `reassign` takes it to fence."""
 
     @property
     def name(self) -> str:
@@ -140,13 +145,24 @@ class Consumer:
         return sorted(tp.partition for tp in self._consumer.assignment())
 
     async def start(self) -> None:
-        self._consumer = clients.consumer(self.settings, self.client_id, self.group_id, self.member)
-        await self._consumer.start()
+        if self.partitions == []:
+            # Nothing to read yet (`reassign` gives it partitions): no Kafka client until then.
+            # Assigning a started client while its group coordinator is still being found
+            # kills aiokafka's coordination task (an assertion), so the client is created with
+            # its first partitions, as below.
+            self.assigned = True
+        else:
+            await self._open()
+        self._task = asyncio.create_task(self._run(), name=self.name)
+
+    async def _open(self) -> None:
+        consumer = clients.consumer(self.settings, self.client_id, self.group_id, self.member)
+        await consumer.start()
+        self._consumer = consumer
         if self.partitions is None:
             self._consumer.subscribe([self.physical_topic], listener=_GroupListener(self))
         else:
             await self._assign()
-        self._task = asyncio.create_task(self._run(), name=self.name)
 
     async def _assign(self) -> None:
         assert self._consumer is not None
@@ -162,6 +178,31 @@ class Consumer:
         for partition, offset in (await self.start_offsets(partitions)).items():
             self._consumer.seek(clients.TopicPartition(self.physical_topic, partition), offset)
 
+    async def reassign(self, partitions: Sequence[int]) -> None:
+        """Read `partitions` from now on (a consumer on fixed partitions). A dropped partition is
+        fenced when this returns: the handler call in progress has returned, no fetched record of
+        it is handed on, and what was handled is committed. Partitions kept or added start as at
+        `start` (`start_offsets`, else the committed offset)."""
+        if self.partitions is None:
+            raise ValueError("a group consumer's partitions are Kafka's to balance")
+        wanted = sorted(set(partitions))
+        if self._task is None:  # not started: `start` reads these
+            self.partitions = wanted
+            return
+        async with self._handling:
+            self.partitions = wanted
+            if self._consumer is None:
+                if wanted:
+                    await self._open()
+            else:
+                await self._commit()
+                self._handled.clear()
+                if wanted:
+                    await self._assign()
+                else:
+                    self._consumer.unsubscribe()
+        log.info("partitions_reassigned", topic=self.topic, partitions=wanted)
+
     def reset_to_beginning(self) -> None:
         """The broker lost its log (a new epoch): read every partition again from offset 0."""
         self._reset_requested = True
@@ -175,8 +216,11 @@ class Consumer:
             raise
 
     async def _loop(self) -> None:
-        assert self._consumer is not None
         while not self._stopping.is_set():
+            if self._consumer is None or self.partitions == [] or self._handling.locked():
+                # Fixed partitions, none at the moment, or `reassign` under way.
+                await asyncio.sleep(IDLE_POLL_S)
+                continue
             if self._reset_requested:
                 self._reset_requested = False
                 self._handled.clear()
@@ -192,15 +236,25 @@ class Consumer:
                 await asyncio.sleep(RETRY_BACKOFF_S)
                 continue
             for tp, records in batches.items():
-                for message in records:
-                    if not await self._handle(tp, message):
-                        self._consumer.seek(tp, message.offset)
-                        await asyncio.sleep(RETRY_BACKOFF_S)
-                        break
+                await self._handle_records(tp, records)
             if self.start_offsets is not None and self.partitions is not None:
                 self._commit_when_due()
             else:
                 await self._commit()
+
+    async def _handle_records(self, tp: clients.TopicPartition, records: list[object]) -> None:
+        """Hand `records` of one partition on in order, up to a failed one (read again after a
+        back-off) or until the partition is reassigned away."""
+        for message in records:
+            async with self._handling:
+                if self.partitions is not None and tp.partition not in self.partitions:
+                    return  # reassigned away while this batch was in hand
+                handled = await self._handle(tp, message)
+                if not handled and self._consumer is not None:
+                    self._consumer.seek(tp, getattr(message, "offset"))  # noqa: B009
+            if not handled:
+                await asyncio.sleep(RETRY_BACKOFF_S)
+                return
 
     def _commit_when_due(self) -> None:
         """Start a background commit if the interval has passed and none is under way."""

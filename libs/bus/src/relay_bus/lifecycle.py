@@ -1,6 +1,7 @@
 """The lifecycle of a service whose only dependency is the bus (plus optional hooks).
 
-Invariant: start runs `before_start` hooks, then the bus, within `startup_timeout_s`; stop
+Invariant: start runs `before_start` hooks, then the bus, within `startup_timeout_s`, then the
+`after_start` hooks (before the service counts as started); stop
 stops the consumers (they commit), runs the `drain` hooks while the producer still works, stops
 the producer, then runs `after_stop` hooks, each at most once.
 """
@@ -21,12 +22,14 @@ class BusLifecycle:
         startup_timeout_s: float,
         *,
         before_start: tuple[Hook, ...] = (),
+        after_start: tuple[Hook, ...] = (),
         drain: tuple[Hook, ...] = (),
         after_stop: tuple[Hook, ...] = (),
     ) -> None:
         self.bus = bus
         self.startup_timeout_s = startup_timeout_s
         self.before_start = before_start
+        self.after_start = after_start
         self.drain = drain
         self.after_stop = after_stop
         self._stopped = False
@@ -35,6 +38,8 @@ class BusLifecycle:
         for hook in self.before_start:
             await hook()
         await self.bus.start(self.startup_timeout_s)
+        for hook in self.after_start:
+            await hook()
 
     async def stop(self) -> None:
         if self._stopped:

@@ -24,12 +24,18 @@ INGRESS_INBOX = "relay.ingress.inbox"
 """Replies and deliveries to ingress instances; partition = the instance's leased slot."""
 EPOCH = "relay.epoch"
 """One partition; the record at offset 0 names the broker's log epoch (see `relay_bus.bus`)."""
+OWNERSHIP = "relay.ownership"
+"""One partition, compacted, keyed `<service>/<ordinal>`: the assignment each stateful instance
+last accepted (`relay_bus.ownership_log`, decision 0019)."""
 
 
 MAX_RECORD_BYTES = 2 * 1024 * 1024
 """Largest record Relay sends (the producer's `max_request_size`, and `max.message.bytes` of
 the topics that carry publications and their answers): a 1 MiB retained payload travels
 base64-encoded in one record, ~1.4 MB with its topic."""
+
+
+OWNERSHIP_CONFIG = {"cleanup.policy": "compact"}
 
 
 @dataclass(frozen=True)
@@ -54,4 +60,5 @@ def topic_specs(settings: KafkaSettings) -> list[TopicSpec]:
             {"retention.ms": "3600000", "max.message.bytes": str(MAX_RECORD_BYTES)},
         ),
         TopicSpec(EPOCH, 1),
+        TopicSpec(OWNERSHIP, 1, OWNERSHIP_CONFIG),
     ]

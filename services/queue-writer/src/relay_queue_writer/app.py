@@ -1,5 +1,6 @@
-"""Queue-writer: applies the queue commands of the partitions it owns (instance k of n owns
-partitions p with p mod n == k) to the queue journals and store log on its volume.
+"""Queue-writer: applies the queue commands of the partitions it serves (those the newest
+generation of the pool's assignment gives it, fenced: `relay_bus.fencing`, decision 0019) to
+the queue journals and store log on its volume.
 
 Wiring only: settings, the bus and its consumers, probe routes. Domain logic lives in libs.
 """
@@ -15,7 +16,10 @@ from relay_bus import ping, schemas, topics
 from relay_bus.bus import Bus
 from relay_bus.config import KafkaSettings
 from relay_bus.consumers import Received
+from relay_bus.fencing import Ownership
 from relay_bus.lifecycle import BusLifecycle
+from relay_bus.ownership_log import OwnershipLog
+from relay_bus.ownership_routes import ownership_routes
 from relay_queue_writer import announce
 from relay_queue_writer.admin import AdminRequests
 from relay_queue_writer.commands import Commands
@@ -51,8 +55,6 @@ def build(config: QueueWriterSettings) -> tuple[FastAPI, BusLifecycle]:
     bus = Bus(config.kafka, client_id=f"{SERVICE}-{config.instance}", readiness=readiness)
     forward = ping.forwarder(bus, SERVICE, config.instance, topics.QUEUE_EVENTS)
     ordinal = ownership.resolve_ordinal(config.data)
-    replicas = config.data.replicas
-    owned = ownership.owned_partitions(config.kafka.partitions, ordinal, replicas)
     stores = Stores(
         config.data.dir,
         readiness,
@@ -72,25 +74,42 @@ def build(config: QueueWriterSettings) -> tuple[FastAPI, BusLifecycle]:
         else:
             await forward(received)
 
-    bus.consumer(
+    consumer = bus.consumer(
         topics.QUEUE_COMMANDS,
         handle,
         group_id=GROUP,
-        partitions=owned,
+        partitions=[],
         start_offsets=announce.announcing(bus, commands.start_offsets),
+    )
+    owner = Ownership(
+        OwnershipLog(config.kafka, SERVICE, f"{SERVICE}-{config.instance}"),
+        config.data.dir,
+        SERVICE,
+        ordinal,
+        config.kafka.partitions,
+        config.data.replicas,
+        consumer.reassign,
     )
 
     async def open_data_dir() -> None:
-        ownership.claim_data_dir(config.data.dir, SERVICE, ordinal, replicas)
+        ownership.claim_data_dir(config.data.dir, SERVICE, ordinal, config.kafka.partitions)
         await stores.open()
         await commands.open()
 
-    app = FastAPI(title="Relay queue-writer", routes=probe_routes(readiness))
+    async def take_ownership() -> None:
+        await owner.start(config.startup_timeout_s)
+
+    token = config.admin_token.get_secret_value() if config.admin_token else None
+    app = FastAPI(
+        title="Relay queue-writer",
+        routes=[*probe_routes(readiness), *ownership_routes(owner, token)],
+    )
     lifecycle = BusLifecycle(
         bus,
         config.startup_timeout_s,
         before_start=(open_data_dir,),
+        after_start=(take_ownership,),
         drain=(admin.close, commands.close),
-        after_stop=(stores.close,),
+        after_stop=(stores.close, owner.close),
     )
     return app, lifecycle

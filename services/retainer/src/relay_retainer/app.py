@@ -1,5 +1,6 @@
-"""Retainer: keeps retained messages and durable streams for the publication partitions it owns
-(instance k of n owns partitions p with p mod n == k).
+"""Retainer: keeps retained messages and durable streams for the publication partitions it
+serves (those the newest generation of the pool's assignment gives it, fenced:
+`relay_bus.fencing`, decision 0019).
 
 Wiring only: settings, the bus and its consumers, the stores' lifecycles, probe routes.
 Request handling lives in `relay_retainer.ds` (durable streams) and `relay_retainer.retained`
@@ -16,13 +17,16 @@ from relay_bus import ping, routing, schemas, topics
 from relay_bus.bus import Bus
 from relay_bus.config import KafkaSettings
 from relay_bus.consumers import Received
+from relay_bus.fencing import Ownership
 from relay_bus.lifecycle import BusLifecycle
+from relay_bus.ownership_log import OwnershipLog
+from relay_bus.ownership_routes import ownership_routes
 from relay_retainer.ds import DsRequests
 from relay_retainer.ds_targets import TargetSync
 from relay_retainer.replication import RetainedReplication
 from relay_retainer.retained import RetainedHost, RetainedRequests, RetainedServiceSettings
 from relay_retainer.streams import StreamHost, StreamSettings
-from relay_runtime import ownership, settings
+from relay_runtime import assignment, ownership, settings
 from relay_runtime.probes import probe_routes
 from relay_runtime.readiness import Readiness
 
@@ -42,8 +46,8 @@ def build(config: RetainerSettings) -> tuple[FastAPI, BusLifecycle]:
     bus = Bus(config.kafka, client_id=f"{SERVICE}-{config.instance}", readiness=readiness)
     forward = ping.forwarder(bus, SERVICE, config.instance, topics.REPLICATION)
     ordinal = ownership.resolve_ordinal(config.data)
-    replicas = config.data.replicas
-    owned = ownership.owned_partitions(config.kafka.partitions, ordinal, replicas)
+    owned: list[int] = []
+    """The partitions served now (`serve` replaces its contents)."""
     host = StreamHost(config.data.dir / "streams", config.instance, config.streams, readiness)
     token = config.admin_token.get_secret_value() if config.admin_token else None
     targets = None
@@ -83,23 +87,56 @@ def build(config: RetainerSettings) -> tuple[FastAPI, BusLifecycle]:
             await forward(received)
         # topic subscriptions share the topic: not for the retainer
 
-    bus.consumer(topics.PUBLICATIONS, handle, group_id=GROUP, partitions=owned)
+    consumer = bus.consumer(topics.PUBLICATIONS, handle, group_id=GROUP, partitions=[])
+
+    async def serve(partitions: list[int]) -> None:
+        await consumer.reassign(partitions)
+        owned[:] = partitions
+        ds.owned = list(partitions)
+        retained.owned = list(partitions)
+
+    owner = Ownership(
+        OwnershipLog(config.kafka, SERVICE, f"{SERVICE}-{config.instance}"),
+        config.data.dir,
+        SERVICE,
+        ordinal,
+        config.kafka.partitions,
+        config.data.replicas,
+        serve,
+    )
 
     async def open_data_dir() -> None:
-        ownership.claim_data_dir(config.data.dir, SERVICE, ordinal, replicas)
+        ownership.claim_data_dir(config.data.dir, SERVICE, ordinal, config.kafka.partitions)
+
+    async def open_stores(decided: assignment.Assignment) -> None:
+        # A retained store rebuilt from the replicators takes the partitions owned here.
+        owned[:] = decided.owned(ordinal)
         await host.open()
         await retained_host.open()
+        owned[:] = []
         if targets is not None:
             await targets.start()
 
+    async def take_ownership() -> None:
+        await owner.start(config.startup_timeout_s, open_stores)
+
     close_replication = () if replication is None else (replication.close,)
     close_targets = () if targets is None else (targets.close,)
-    app = FastAPI(title="Relay retainer", routes=probe_routes(readiness))
+    app = FastAPI(
+        title="Relay retainer", routes=[*probe_routes(readiness), *ownership_routes(owner, token)]
+    )
     lifecycle = BusLifecycle(
         bus,
         config.startup_timeout_s,
         before_start=(open_data_dir,),
+        after_start=(take_ownership,),
         drain=(ds.drain, retained.drain, host.stop_writing, retained_host.stop_writing),
-        after_stop=(*close_targets, host.close, retained_host.close, *close_replication),
+        after_stop=(
+            *close_targets,
+            host.close,
+            retained_host.close,
+            *close_replication,
+            owner.close,
+        ),
     )
     return app, lifecycle
