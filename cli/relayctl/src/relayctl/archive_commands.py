@@ -214,6 +214,12 @@ def restore_command(
     target: Annotated[Path, typer.Option("--data-dir", help="The new, empty data dir to write.")],
     replicas: Annotated[int, typer.Option(help="n, the number of instances.", min=1)] = 1,
     partitions: Annotated[int, typer.Option(help="Partitions of the keyed topics.", min=1)] = 8,
+    stream_shards: Annotated[
+        int,
+        typer.Option(
+            help="Shards of each restored stream database (RELAY_STREAMS__SHARDS).", min=1
+        ),
+    ] = 4,
 ) -> None:
     """Write a queue-writer's or retainer's data dir from a rebuild, with the marks that let it
     go on from Kafka; refuses a data dir that already holds stores."""
@@ -225,8 +231,11 @@ def restore_command(
                 f"({done.quota_markers_skipped} quota markers not restored); marks {done.marks}"
             )
         elif service == "retainer":
-            done = restore.restore_retainer(rebuilt, target, ordinal, replicas)
-            typer.echo(f"restored {done.retained} retained messages")
+            done = restore.restore_retainer(rebuilt, target, ordinal, replicas, stream_shards)
+            typer.echo(
+                f"restored {done.retained} retained messages, "
+                f"{done.streams} durable-stream messages"
+            )
         else:
             typer.echo(f"relayctl: restore: {service!r} is not queue-writer or retainer", err=True)
             raise typer.Exit(2)

@@ -109,25 +109,19 @@ def export_retainer(data_dir: Path, out: Path, name: str) -> int:
 
 
 def stream_rows(root: Path) -> list[dict[str, object]]:
-    """Every message of every database of a stream store (`relay_streams`), through its
-    iterators. Topics whose first level starts with `$` are not matched by `#` (MQTT) and are
-    not exported."""
+    """Every message of every database of a stream store (`relay_streams`), read through the
+    store's unfiltered scan (`StreamStore.every_message`): topics whose first level starts
+    with `$`, which a subscription's `#` does not match (MQTT), are exported like any other."""
     store = StreamStore(root)
     rows: list[dict[str, object]] = []
     try:
         for db in store.list_dbs():
             store.open_db(db)
-            for ranked in store.get_streams(db, "#"):
-                iterator = store.make_iterator(db, ranked.stream, "#")
-                while True:
-                    page = store.next(db, iterator, PAGE)
-                    rows.extend(
-                        {"db": db, "topic": m.topic, "ts": m.ts, "payload": codec.b64u(m.payload)}
-                        for m in page.messages
-                    )
-                    if not page.messages:
-                        break
-                    iterator = page.iterator
+            for page in store.every_message(db, PAGE):
+                rows.extend(
+                    {"db": db, "topic": m.topic, "ts": m.ts, "payload": codec.b64u(m.payload)}
+                    for m in page
+                )
     finally:
         store.close()
     return rows

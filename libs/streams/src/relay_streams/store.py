@@ -21,7 +21,7 @@ import shutil
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -139,6 +139,10 @@ class StreamStore:
         self, db: str, iterator: StreamIterator | str, n: int, max_bytes: int | None = None
     ) -> NextResult:
         return self.db(db).next(iterator, n, max_bytes)
+
+    def every_message(self, db: str, page: int = 10_000) -> Iterator[list[Message]]:
+        """Every message of the database, `$` topics included (`Database.every_message`)."""
+        return self.db(db).every_message(page)
 
     def delete(
         self,
