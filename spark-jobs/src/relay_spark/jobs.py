@@ -29,7 +29,7 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from relay_archive import layout, replay, report, tables, verify
+from relay_archive import export, layout, replay, report, tables, verify
 from relay_archive import rebuild as rebuild_module
 from relay_archive import rows as archive_rows
 from relay_archive.store import ArchiveStore
@@ -307,7 +307,10 @@ def verify_job(
     uncertain_rows = tables.read_table(rebuilt, "uncertain").to_pylist()
     uncertain = verify.Uncertainty.of(uncertain_rows)
     differences: list[verify.Difference] = []
+    covers = export.covered(live)
     for name in ("queues", "messages", "retained"):
+        if name not in covers:
+            continue
         for mine, theirs in _differing(spark, rebuilt, live, name):
             if name == "queues":
                 found = verify.classify_queue(mine, theirs, uncertain)
@@ -317,7 +320,8 @@ def verify_job(
                 found = verify.classify_retained(mine, theirs, uncertain, cut.at_ms)
             if found is not None:
                 differences.append(found)
-    differences.extend(_stream_differences(spark, rebuilt, live, uncertain))
+    if "streams" in covers:
+        differences.extend(_stream_differences(spark, rebuilt, live, uncertain))
     differences.sort(key=lambda d: (d.what, d.key))
     health = verify.check_archive(store, cut)
     code = verify.exit_code(health, differences)
@@ -329,7 +333,7 @@ def verify_job(
         .collect()
     )
     coverage = [(int(r["minute"]), int(r["count"])) for r in per_minute]
-    cut_doc = {"epoch": cut.epoch, "at_ms": cut.at_ms, "offsets": cut.offsets}
+    cut_doc = {"epoch": cut.epoch, "at_ms": cut.at_ms, "offsets": cut.offsets, "tables": covers}
     doc = report.document(verify.counts(differences), differences, health, coverage, cut_doc, code)
     return code, doc
 
@@ -339,10 +343,13 @@ def verify_python(
 ) -> tuple[int, dict[str, Any]]:
     """The same verdict with the plain-Python comparison (`relay_archive.verify.compare`)."""
     names = ("queues", "messages", "retained", "streams", "uncertain")
+    covers = export.covered(live)
     mine = {n: tables.read_table(rebuilt, n) for n in names}
     theirs = {n: tables.read_table(live, n) for n in names}
+    for name in set(export.EVERY_TABLE) - set(covers):  # not in the export: not compared
+        mine[name] = theirs[name] = tables.SCHEMAS[name].empty_table()
     differences = verify.compare(mine, theirs, cut.at_ms)
     health = verify.check_archive(store, cut)
     code = verify.exit_code(health, differences)
-    cut_doc = {"epoch": cut.epoch, "at_ms": cut.at_ms, "offsets": cut.offsets}
+    cut_doc = {"epoch": cut.epoch, "at_ms": cut.at_ms, "offsets": cut.offsets, "tables": covers}
     return code, report.document(verify.counts(differences), differences, health, [], cut_doc, code)

@@ -2,8 +2,12 @@
 `relayctl restore`: the Kafka archive of a local suite, the Spark jobs over it, and a data dir
 written back from a rebuild (`relay_archive.restore`, through the engines).
 
-`export` reads stopped queue-writer and retainer data dirs through their engines (the online
-`POST /admin/export` is not built yet), so it refuses while the suite runs from that data dir.
+`export` reads stopped queue-writer and retainer data dirs through their engines, so it refuses
+while the suite runs from that data dir; `export --online` asks the running suite instead
+(`POST /admin/export`: every queue-writer writes its part under its data dir, at its own exact
+cut, while commands go on; relayctl then copies the parts of the local suite into `--out`.
+Retainers are not exported online yet, so such an export covers queues and messages only, and
+says so in its manifest).
 `rebuild` and `verify` run `relay-spark` (spark-jobs/) as a child process, so relayctl never
 loads Spark itself; their exit codes are the job's (verify: 0 clean, 1 differences, 2 gaps).
 
@@ -14,6 +18,7 @@ stderr and exit 2 (`typer`'s usage code) or 1, and nothing is written.
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -27,7 +32,7 @@ from rich.table import Table
 
 from relay_archive import export, layout, reader, restore
 from relay_archive.store import CorruptArchiveFile, LocalStore
-from relayctl import processes, state
+from relayctl import calls, processes, state
 
 console = Console()
 archive_app = typer.Typer(help="The suite's Kafka archive.", no_args_is_help=True)
@@ -140,8 +145,17 @@ def register(app: typer.Typer) -> None:
 def export_command(
     out: Annotated[Path, typer.Option("--out", help="Folder to write the export to.")],
     data_dir: DataDir = Path("./var"),
+    online: Annotated[
+        bool,
+        typer.Option("--online", help="Ask the running suite (POST /admin/export); writers go on."),
+    ] = False,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for --online answers.")] = 120.0,
 ) -> None:
-    """Write the live state of every queue-writer and retainer data dir (suite stopped)."""
+    """Write the live state of every queue-writer and retainer data dir (suite stopped), or
+    with --online every running queue-writer's, each at its own cut."""
+    if online:
+        _export_online(out, data_dir, timeout)
+        return
     running = state.read_state(data_dir)
     if running is not None and processes.pid_alive(running.pid):
         typer.echo(
@@ -168,6 +182,25 @@ def export_command(
         typer.echo(f"relayctl: export: {error}", err=True)
         raise typer.Exit(1) from None
     export.write_manifest(out, at_ms)
+
+
+def _export_online(out: Path, data_dir: Path, timeout: float) -> None:
+    params = {"timeout_s": str(timeout)}
+    report = calls.admin(data_dir, "POST", "/admin/export", "export", timeout + 5, params)
+    out.mkdir(parents=True, exist_ok=True)
+    for writer in report["writers"]:
+        part = Path(writer["folder"])
+        for file in sorted(part.rglob("*")):  # the local suite's pods share this filesystem
+            if file.is_file():
+                target = out / file.relative_to(part)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(file, target)
+        typer.echo(
+            f"{writer['instance']}: {writer['queues']} queues, {writer['messages']} messages; "
+            f"commands waited at most {writer['longest_ms']:.2f} ms"
+        )
+    typer.echo(f"export {report['export']}: cut {report['cut']['queue_commands']}")
+    export.write_manifest(out, report["cut"]["at_ms"], export.QUEUE_TABLES)
 
 
 def _spark(args: list[str]) -> int:

@@ -145,6 +145,78 @@ async def dump(
     return DumpReport(dump=writers[0].dump, writers=writers)
 
 
+class WriterExport(BaseModel):
+    instance: str
+    partitions: list[int]
+    """The command partitions this queue-writer owns (its part's cut covers them)."""
+    folder: str
+    """Where this owner wrote its part (`queues/<instance>.parquet`, `messages/…`,
+    `cut-<instance>.json`), on its own volume."""
+    at_ms: int
+    """When its cut was taken (wall clock)."""
+    offsets: dict[str, int]
+    queues: int
+    messages: int
+    early: int
+    """Queues read ahead of the slices because a command was about to change them."""
+    longest_ms: float
+    """The longest time commands waited for the export (one slice or one early read)."""
+    read_s: float
+    total_s: float
+
+
+class ExportCut(BaseModel):
+    epoch: str
+    """The broker log's epoch (decision 0003): the offsets are of that log."""
+    at_ms: int
+    """The latest owner's cut time: verify explains messages expiring before it."""
+    queue_commands: dict[str, str]
+    """Command partition → `<epoch>:<first offset not applied>` (exact)."""
+
+
+class ExportReport(BaseModel):
+    export: str
+    cut: ExportCut
+    writers: list[WriterExport]
+
+
+@router.post("/export", status_code=202, response_model=ExportReport)
+async def export(
+    ctx: Ctx,
+    _: Admin,
+    timeout_s: Annotated[float | None, Query(ge=1, le=600)] = None,
+) -> ExportReport:
+    """Every queue-writer writes its live state as of its own position in the log (the cut)
+    to Parquet, in the layout of `relayctl export`, under its own data dir
+    (`exports/<export id>/`), without pausing commands; answers once every part is written.
+    Retainers are not exported online yet."""
+    replies = await asking.every_queue_writer(
+        ctx,
+        lambda routing: schemas.AdminRequest(**routing, op="export"),
+        timeout_s or ctx.config.admin_timeout_s,
+    )
+    writers = [
+        WriterExport(instance=instance, partitions=partitions, **result)
+        for instance, partitions, result in _by_writer(replies)
+    ]
+    epochs = {result["epoch"] for _, _, result in _by_writer(replies)}
+    if len(epochs) != 1:
+        raise ApiError(
+            503, "UNAVAILABLE", f"the owners' cuts name {len(epochs)} broker epochs; export again"
+        )
+    epoch = epochs.pop()
+    offsets: dict[int, int] = {}
+    for writer in writers:
+        for partition in writer.partitions:
+            offsets[partition] = writer.offsets.get(str(partition), 0)
+    cut = ExportCut(
+        epoch=epoch,
+        at_ms=max(w.at_ms for w in writers),
+        queue_commands={str(p): f"{epoch}:{o}" for p, o in sorted(offsets.items())},
+    )
+    return ExportReport(export=replies[0].id, cut=cut, writers=writers)
+
+
 class WriterStats(BaseModel):
     instance: str
     partitions: list[int]
