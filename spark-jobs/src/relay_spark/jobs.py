@@ -72,15 +72,23 @@ def _answered(
     topic: str,
     kinds: list[str],
     reply_kind: str,
+    upto: dict[int, int] | None = None,
 ) -> DataFrame:
+    """Requests before the cut with their first reply; with `upto` (a bounded cut, see
+    `tables.Cut`), those from the cut to before `upto` without it (in flight: uncertain)."""
     requests = read_topic(spark, store, cut.epoch, topic, kinds)
     if cut.offsets is not None:
+        bounds = [(p, o, (upto or {}).get(p, o)) for p, o in cut.offsets.items()]
         ends = spark.createDataFrame(
-            [(p, o) for p, o in cut.offsets.items()] or [(-1, 0)], "cut_partition int, cut_end long"
+            bounds or [(-1, 0, 0)], "cut_partition int, cut_end long, cut_upto long"
         )
-        requests = requests.join(
-            F.broadcast(ends), requests.partition == ends.cut_partition, "inner"
-        ).where(F.col("offset") < F.col("cut_end"))
+        requests = (
+            requests.join(F.broadcast(ends), requests.partition == ends.cut_partition, "inner")
+            .where(F.col("offset") < F.col("cut_upto"))
+            .withColumn("in_flight", F.col("offset") >= F.col("cut_end"))
+        )
+    else:
+        requests = requests.withColumn("in_flight", F.lit(False))
     replies = read_topic(spark, store, cut.epoch, topics.INGRESS_INBOX, [reply_kind])
     first = Window.partitionBy("id").orderBy("partition", "offset")
     replies = (
@@ -89,7 +97,8 @@ def _answered(
         .select(F.col("id").alias("reply_id"), F.col("value").alias("reply"))
     )
     joined = requests.join(replies, requests.id == replies.reply_id, "left")
-    return joined.select("partition", "offset", "value", "reply")
+    reply = F.when(F.col("in_flight"), F.lit(None)).otherwise(F.col("reply")).alias("reply")
+    return joined.select("partition", "offset", "value", reply)
 
 
 def _grouped(frame: DataFrame) -> Any:
@@ -175,11 +184,14 @@ def rebuild_queues(
 def rebuild_retained(
     spark: SparkSession, store: ArchiveStore, cut: tables.Cut, out: Path
 ) -> dict[str, int]:
-    """Retained messages from every archived publication into `out/retained/`; its uncertain
+    """Retained messages from the archived publications before the cut (every one without a
+    publications cut) into `out/retained/`; its uncertain
     writes are added to `out/uncertain/` (run after `rebuild_queues`, which overwrites it)."""
-    everything = tables.Cut(cut.epoch, cut.at_ms, None)
+    publications = tables.Cut(cut.epoch, cut.at_ms, cut.publications)
     kinds = ["publication", "retained_request"]
-    frame = _answered(spark, store, everything, topics.PUBLICATIONS, kinds, "ds_reply")
+    frame = _answered(
+        spark, store, publications, topics.PUBLICATIONS, kinds, "ds_reply", cut.publications_upto
+    )
     produced = _grouped(frame).flatMap(_replay_retained_partition)
     return _write(spark, produced, {"retained": "overwrite", "uncertain": "append"}, out)
 
@@ -189,8 +201,16 @@ def rebuild_streams(
 ) -> dict[str, int]:
     """Durable-stream messages of every acknowledged write into `out/streams/`; unanswered
     writes are added to `out/uncertain/` (run after `rebuild_queues`)."""
-    everything = tables.Cut(cut.epoch, cut.at_ms, None)
-    frame = _answered(spark, store, everything, topics.PUBLICATIONS, ["ds_request"], "ds_reply")
+    publications = tables.Cut(cut.epoch, cut.at_ms, cut.publications)
+    frame = _answered(
+        spark,
+        store,
+        publications,
+        topics.PUBLICATIONS,
+        ["ds_request"],
+        "ds_reply",
+        cut.publications_upto,
+    )
     produced = _grouped(frame).flatMap(_replay_stream_partition)
     return _write(spark, produced, {"streams": "overwrite", "uncertain": "append"}, out)
 

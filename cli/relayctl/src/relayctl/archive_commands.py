@@ -4,10 +4,9 @@ written back from a rebuild (`relay_archive.restore`, through the engines).
 
 `export` reads stopped queue-writer and retainer data dirs through their engines, so it refuses
 while the suite runs from that data dir; `export --online` asks the running suite instead
-(`POST /admin/export`: every queue-writer writes its part under its data dir, at its own exact
-cut, while commands go on; relayctl then copies the parts of the local suite into `--out`.
-Retainers are not exported online yet, so such an export covers queues and messages only, and
-says so in its manifest).
+(`POST /admin/export`: every queue-writer and retainer writes its part under its data dir, at
+its own cut, while writes go on; relayctl then copies the parts of the local suite into
+`--out`).
 `rebuild` and `verify` run `relay-spark` (spark-jobs/) as a child process, so relayctl never
 loads Spark itself; their exit codes are the job's (verify: 0 clean, 1 differences, 2 gaps).
 
@@ -152,7 +151,7 @@ def export_command(
     timeout: Annotated[float, typer.Option(help="Seconds to wait for --online answers.")] = 120.0,
 ) -> None:
     """Write the live state of every queue-writer and retainer data dir (suite stopped), or
-    with --online every running queue-writer's, each at its own cut."""
+    with --online every running queue-writer's and retainer's, each at its own cut."""
     if online:
         _export_online(out, data_dir, timeout)
         return
@@ -184,23 +183,37 @@ def export_command(
     export.write_manifest(out, at_ms)
 
 
+def _copy_part(folder: str, out: Path) -> None:
+    """One owner's part into `out` (the local suite's pods share this filesystem; on a
+    cluster, copy each pod's `exports/<id>/` folder instead)."""
+    part = Path(folder)
+    for file in sorted(part.rglob("*")):
+        if file.is_file():
+            target = out / file.relative_to(part)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(file, target)
+
+
 def _export_online(out: Path, data_dir: Path, timeout: float) -> None:
     params = {"timeout_s": str(timeout)}
     report = calls.admin(data_dir, "POST", "/admin/export", "export", timeout + 5, params)
     out.mkdir(parents=True, exist_ok=True)
     for writer in report["writers"]:
-        part = Path(writer["folder"])
-        for file in sorted(part.rglob("*")):  # the local suite's pods share this filesystem
-            if file.is_file():
-                target = out / file.relative_to(part)
-                target.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(file, target)
+        _copy_part(writer["folder"], out)
         typer.echo(
             f"{writer['instance']}: {writer['queues']} queues, {writer['messages']} messages; "
             f"commands waited at most {writer['longest_ms']:.2f} ms"
         )
-    typer.echo(f"export {report['export']}: cut {report['cut']['queue_commands']}")
-    export.write_manifest(out, report["cut"]["at_ms"], export.QUEUE_TABLES)
+    for retainer in report["retainers"]:
+        _copy_part(retainer["folder"], out)
+        typer.echo(
+            f"{retainer['instance']}: {retainer['retained']} retained, "
+            f"{retainer['streams']} stream messages; checkpoints took {retainer['pause_ms']:.2f} ms"
+        )
+    cut = report["cut"]
+    typer.echo(f"export {report['export']}: commands {cut['queue_commands']}")
+    typer.echo(f"publications from {cut['publications']} to {cut['publications_upto']}")
+    export.write_manifest(out, cut["at_ms"])
 
 
 def _spark(args: list[str]) -> int:

@@ -152,22 +152,36 @@ def stream_rows(root: Path) -> list[dict[str, object]]:
     return rows
 
 
+PUBLICATIONS_CUT_FILE = "publications-{name}.json"
+
+
+def write_retainer_cut(out: Path, name: str, cut: tables.Cut) -> None:
+    """A retainer's bounded cut of the publications (`tables.Cut.publications*`)."""
+    (out / PUBLICATIONS_CUT_FILE.format(name=name)).write_text(cut.to_json())
+
+
 def read_cut(out: Path, at_ms: int) -> tables.Cut:
-    """The cut of a whole export: every queue-writer's offsets (one epoch), taken at `at_ms`."""
+    """The cut of a whole export, taken at `at_ms`: every queue-writer's command offsets and,
+    for an online export, every retainer's bounded publications cut (all of one epoch)."""
     epochs, offsets = set(), {}
+    lower: dict[int, int] | None = None
+    upper: dict[int, int] | None = None
     for path in sorted(out.glob(CUT_FILE.format(name="*"))):
         cut = tables.Cut.from_json(path.read_text())
         if cut.epoch:
             epochs.add(cut.epoch)
         offsets.update(cut.offsets or {})
+    for path in sorted(out.glob(PUBLICATIONS_CUT_FILE.format(name="*"))):
+        cut = tables.Cut.from_json(path.read_text())
+        epochs.add(cut.epoch)
+        lower = {**(lower or {}), **(cut.publications or {})}
+        upper = {**(upper or {}), **(cut.publications_upto or {})}
     if len(epochs) != 1:
         raise ExportError(f"{out}: cuts name {len(epochs)} epochs ({sorted(epochs)}), need one")
-    return tables.Cut(epochs.pop(), at_ms, offsets)
+    return tables.Cut(epochs.pop(), at_ms, offsets, lower, upper)
 
 
 EVERY_TABLE = ("queues", "messages", "retained", "streams")
-QUEUE_TABLES = ("queues", "messages")
-"""What an online export holds today: retainers are not exported online yet."""
 
 
 def write_manifest(out: Path, at_ms: int, covers: tuple[str, ...] = EVERY_TABLE) -> None:

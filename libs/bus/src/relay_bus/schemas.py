@@ -553,7 +553,7 @@ ALLOWED_TOPICS: dict[str, frozenset[str]] = {
             topics.INGRESS_INBOX,
         }
     ),
-    "admin": frozenset({topics.QUEUE_COMMANDS}),
+    "admin": frozenset({topics.QUEUE_COMMANDS, topics.PUBLICATIONS}),
     "admin_reply": frozenset({topics.INGRESS_INBOX}),
     "queue_cmd": frozenset({topics.QUEUE_COMMANDS}),
     "queue_reply": frozenset({topics.INGRESS_INBOX}),

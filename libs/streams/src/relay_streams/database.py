@@ -20,6 +20,7 @@ Invariants:
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -397,6 +398,16 @@ class Database:
                         if result.exhausted or result.scanned is None:
                             break
                         after = result.scanned
+
+    def checkpoint(self, target: Path) -> None:
+        """`db.json` and a RocksDB checkpoint of each shard under `target`
+        (`StreamStore.checkpoint`)."""
+        self._alive()
+        target.mkdir(parents=True)
+        with self._lock:
+            shutil.copyfile(self._record_path, target / "db.json")
+            for shard in self.shards:
+                shard.checkpoint(target / f"shard-{int(shard.id)}")
 
     # -- generations -----------------------------------------------------------------------
 

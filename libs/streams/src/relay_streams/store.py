@@ -113,6 +113,20 @@ class StreamStore:
         folder.rename(doomed)
         shutil.rmtree(doomed)
 
+    def checkpoint(self, target: Path) -> None:
+        """A point-in-time copy of every open database at `target` (a new folder on the same
+        filesystem), openable as a `StreamStore`: this site's files, each database's record
+        and a RocksDB checkpoint of each shard (hard links). Each shard's copy holds a write
+        batch wholly or not at all; shards are copied one after another."""
+        target.mkdir(parents=True)
+        for name in ("site.json", "sites.json"):
+            if (self.root / name).exists():
+                shutil.copyfile(self.root / name, target / name)
+        with self._lock:
+            dbs = dict(self._dbs)
+        for name, db in sorted(dbs.items()):
+            db.checkpoint(target / "dbs" / name)
+
     def close(self) -> None:
         with self._lock:
             self._closed = True

@@ -6,13 +6,14 @@ nothing; the token is compared in constant time.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Query, Response
 from pydantic import BaseModel
 
-from relay_bus import schemas
+from relay_bus import schemas, topics
 from relay_ingress import asking
 from relay_ingress.context import Ctx
 from relay_ingress.errors import ApiError, documented
@@ -165,6 +166,26 @@ class WriterExport(BaseModel):
     total_s: float
 
 
+class RetainerExport(BaseModel):
+    instance: str
+    partitions: list[int]
+    """The publication partitions this retainer owns."""
+    folder: str
+    """Where it wrote its part (`retained/<instance>.parquet`, `streams/…`,
+    `publications-<instance>.json`), on its own volume."""
+    at_ms: int
+    publications: dict[str, int]
+    """Per partition, every record before this offset is in the export."""
+    publications_upto: dict[str, int]
+    """Per partition, no record at or after this offset is; those between were in flight
+    (verify counts them as uncertain)."""
+    retained: int
+    streams: int
+    pause_ms: float
+    """How long the event loop held for the stores' RocksDB checkpoints."""
+    total_s: float
+
+
 class ExportCut(BaseModel):
     epoch: str
     """The broker log's epoch (decision 0003): the offsets are of that log."""
@@ -172,12 +193,27 @@ class ExportCut(BaseModel):
     """The latest owner's cut time: verify explains messages expiring before it."""
     queue_commands: dict[str, str]
     """Command partition → `<epoch>:<first offset not applied>` (exact)."""
+    publications: dict[str, str]
+    """Publication partition → `<epoch>:<offset>`: every record before it is in the export."""
+    publications_upto: dict[str, str]
+    """Publication partition → `<epoch>:<offset>`: no record at or after it is in the export."""
 
 
 class ExportReport(BaseModel):
     export: str
     cut: ExportCut
     writers: list[WriterExport]
+    retainers: list[RetainerExport]
+
+
+def _positions(
+    owners: list[tuple[str, list[int], dict[str, Any]]], key: str, epoch: str
+) -> dict[str, str]:
+    found = {}
+    for _, partitions, result in owners:
+        for partition in partitions:
+            found[partition] = result[key].get(str(partition), 0)
+    return {str(p): f"{epoch}:{o}" for p, o in sorted(found.items())}
 
 
 @router.post("/export", status_code=202, response_model=ExportReport)
@@ -186,35 +222,43 @@ async def export(
     _: Admin,
     timeout_s: Annotated[float | None, Query(ge=1, le=600)] = None,
 ) -> ExportReport:
-    """Every queue-writer writes its live state as of its own position in the log (the cut)
-    to Parquet, in the layout of `relayctl export`, under its own data dir
-    (`exports/<export id>/`), without pausing commands; answers once every part is written.
-    Retainers are not exported online yet."""
-    replies = await asking.every_queue_writer(
-        ctx,
-        lambda routing: schemas.AdminRequest(**routing, op="export"),
-        timeout_s or ctx.config.admin_timeout_s,
+    """Every queue-writer and retainer writes its live state as of its own position in the
+    log (the cut) to Parquet, in the layout of `relayctl export`, under its own data dir
+    (`exports/<id>/`), without pausing writes; answers once every part is written."""
+    wait_s = timeout_s or ctx.config.admin_timeout_s
+    writer_replies, retainer_replies = await asyncio.gather(
+        asking.every_queue_writer(
+            ctx, lambda routing: schemas.AdminRequest(**routing, op="export"), wait_s
+        ),
+        asking.every_owner(
+            ctx,
+            topics.PUBLICATIONS,
+            lambda routing: schemas.AdminRequest(**routing, op="export"),
+            wait_s,
+            "retainer",
+            "publication",
+        ),
     )
-    writers = [
-        WriterExport(instance=instance, partitions=partitions, **result)
-        for instance, partitions, result in _by_writer(replies)
-    ]
-    epochs = {result["epoch"] for _, _, result in _by_writer(replies)}
+    writers, retainers = _by_writer(writer_replies), _by_writer(retainer_replies)
+    epochs = {result["epoch"] for _, _, result in writers + retainers}
     if len(epochs) != 1:
         raise ApiError(
             503, "UNAVAILABLE", f"the owners' cuts name {len(epochs)} broker epochs; export again"
         )
     epoch = epochs.pop()
-    offsets: dict[int, int] = {}
-    for writer in writers:
-        for partition in writer.partitions:
-            offsets[partition] = writer.offsets.get(str(partition), 0)
     cut = ExportCut(
         epoch=epoch,
-        at_ms=max(w.at_ms for w in writers),
-        queue_commands={str(p): f"{epoch}:{o}" for p, o in sorted(offsets.items())},
+        at_ms=max(result["at_ms"] for _, _, result in writers + retainers),
+        queue_commands=_positions(writers, "offsets", epoch),
+        publications=_positions(retainers, "publications", epoch),
+        publications_upto=_positions(retainers, "publications_upto", epoch),
     )
-    return ExportReport(export=replies[0].id, cut=cut, writers=writers)
+    return ExportReport(
+        export=writer_replies[0].id,
+        cut=cut,
+        writers=[WriterExport(instance=i, partitions=p, **r) for i, p, r in writers],
+        retainers=[RetainerExport(instance=i, partitions=p, **r) for i, p, r in retainers],
+    )
 
 
 class WriterStats(BaseModel):

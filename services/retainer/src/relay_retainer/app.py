@@ -18,6 +18,7 @@ from relay_bus.config import KafkaSettings
 from relay_bus.consumers import Received
 from relay_bus.lifecycle import BusLifecycle
 from relay_retainer.ds import DsRequests
+from relay_retainer.exports import RetainerExports
 from relay_retainer.replication import RetainedReplication
 from relay_retainer.retained import RetainedHost, RetainedRequests, RetainedServiceSettings
 from relay_retainer.streams import StreamHost, StreamSettings
@@ -61,10 +62,14 @@ def build(config: RetainerSettings) -> tuple[FastAPI, BusLifecycle]:
         owns=lambda topic: routing.partition_of_topic(topic, config.kafka.partitions) in owned,
     )
     retained = RetainedRequests(bus, retained_host, config.instance, owned, config.kafka.partitions)
+    exports = RetainerExports(bus, host, retained_host, config.instance, config.data.dir, owned)
 
     async def handle(received: Received) -> None:
         record = received.record
-        if isinstance(record, schemas.DsRequest):
+        exports.seen(received)
+        if isinstance(record, schemas.AdminRequest):
+            exports.handle(received, record)
+        elif isinstance(record, schemas.DsRequest):
             await ds.handle(received, record)
         elif isinstance(record, schemas.Publication | schemas.RetainedRequest):
             retained.handle(record, received.partition)
@@ -85,7 +90,13 @@ def build(config: RetainerSettings) -> tuple[FastAPI, BusLifecycle]:
         bus,
         config.startup_timeout_s,
         before_start=(open_data_dir,),
-        drain=(ds.drain, retained.drain, host.stop_writing, retained_host.stop_writing),
+        drain=(
+            exports.close,
+            ds.drain,
+            retained.drain,
+            host.stop_writing,
+            retained_host.stop_writing,
+        ),
         after_stop=(host.close, retained_host.close, *close_replication),
     )
     return app, lifecycle

@@ -110,6 +110,10 @@ class StreamHost:
             raise
         return store
 
+    async def settled(self) -> None:
+        """Return once every write handed over so far is settled (`Rounds.settled`)."""
+        await self._rounds.settled()
+
     async def stop_writing(self) -> None:
         """Finish the writes already handed over, then take no more (a drain hook)."""
         await self._rounds.stop()
