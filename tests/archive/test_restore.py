@@ -98,4 +98,7 @@ def test_a_used_data_dir_or_a_bad_ordinal_is_refused(
     (streams / "streams" / "site.json").write_text("{}")
     with pytest.raises(restore.RestoreError, match="not empty"):
         restore.restore_retainer(folder, streams, 0, 1)
+    with pytest.raises(restore.RestoreError, match="stream shards"):
+        restore.restore_retainer(folder, tmp_path / "new", 0, 1, stream_shards=0)
+    assert not (tmp_path / "new").exists()
     assert not (streams / "retained").exists()

@@ -45,6 +45,11 @@ def test_an_online_export_while_writers_run_verifies_clean(tmp_path: Path) -> No
 
             refused = httpx.post(f"{url}/admin/export", headers={"Authorization": "Bearer no"})
             assert (refused.status_code, refused.json()["error"]) == (403, "FORBIDDEN")
+            auth = {"Authorization": f"Bearer {running.token()}"}
+            for bad in ("0", "601", "soon"):
+                refused = httpx.post(f"{url}/admin/export?timeout_s={bad}", headers=auth)
+                assert (refused.status_code, refused.json()["error"]) == (400, "BAD_REQUEST")
+            assert not list(data_dir.glob("*/exports"))  # refused: nothing written
 
             stop = threading.Event()
 
@@ -93,6 +98,7 @@ def test_an_online_export_while_writers_run_verifies_clean(tmp_path: Path) -> No
                 stop.set()
                 for writer in writers:
                     writer.join(timeout=30)
+        print(done.stdout)  # the figures decision 0012 quotes (pytest -s)
         assert "send" in during, "no send was acknowledged while the export ran"
         assert "commands waited at most" in done.stdout
         assert "checkpoints took" in done.stdout
