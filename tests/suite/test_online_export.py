@@ -101,7 +101,7 @@ def test_an_online_export_while_writers_run_verifies_clean(tmp_path: Path) -> No
         print(done.stdout)  # the figures decision 0012 quotes (pytest -s)
         assert "send" in during, "no send was acknowledged while the export ran"
         assert "commands waited at most" in done.stdout
-        assert "checkpoints took" in done.stdout
+        assert "for the checkpoints" in done.stdout
         exported = tables.read_table(out, "messages")
         sends = QUEUES * 3 + sum(1 for _, what in acked if what == "send")
         assert QUEUES * 3 <= exported.num_rows < sends  # sends after the cut are not in it

@@ -208,7 +208,8 @@ def _export_online(out: Path, data_dir: Path, timeout: float) -> None:
         _copy_part(retainer["folder"], out)
         typer.echo(
             f"{retainer['instance']}: {retainer['retained']} retained, "
-            f"{retainer['streams']} stream messages; checkpoints took {retainer['pause_ms']:.2f} ms"
+            f"{retainer['streams']} stream messages; writes waited {retainer['pause_ms']:.2f} ms "
+            "for the checkpoints"
         )
     cut = report["cut"]
     typer.echo(f"export {report['export']}: commands {cut['queue_commands']}")

@@ -182,7 +182,7 @@ class RetainerExport(BaseModel):
     retained: int
     streams: int
     pause_ms: float
-    """How long the event loop held for the stores' RocksDB checkpoints."""
+    """How long the retainer's writes waited for the stores' RocksDB checkpoints."""
     total_s: float
 
 

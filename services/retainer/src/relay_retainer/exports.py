@@ -8,14 +8,17 @@ How (`relay_archive.tables.Cut.publications*`):
 2. yield once, so that the operations started for records before `lower` hand their writes
    over (a stream write is handed over in its task's first step, a retained one at once), then
    wait until every write handed over so far is settled (`Rounds.settled`);
-3. in one step of the event loop (no await), note `upper` the same way and take a RocksDB
-   checkpoint of the retained store and of every stream shard (hard links: the time commands
-   wait is the checkpoint's, reported as `pause_ms`, not the export's);
+3. in one step of the event loop (no await), note `upper` the same way and hold the write
+   rounds not started yet (`Rounds.hold`; writes are still handed over, the event loop runs
+   on: reads, answers, the consumer), then take RocksDB checkpoints of the retained store and
+   of every stream shard on a thread (hard links and a memtable flush), and release the
+   rounds: writes wait for the checkpoints only, reported as `pause_ms`;
 4. on a thread, export the checkpoint through the engines (`relay_archive.export`), write the
    cut, remove the checkpoint.
 
 Invariants: everything received before `lower` is in the export; nothing received at or after
-`upper` is (it was handed over after the checkpoint); what lies between may or may not be, and
+`upper` is (its write was handed over after `upper`, so into a round held until the
+checkpoints were taken); what lies between may or may not be, and
 the rebuild counts it as unanswered (uncertain). The consumer never waits for an export;
 writes go on while it runs; each request id runs once and is answered once per partition.
 """
@@ -102,13 +105,18 @@ class RetainerExports:
         await asyncio.gather(self.streams.settled(), self.retained.settled())
         folder = self.data_dir / "exports" / request.id
         copy = folder / f".checkpoint-{self.instance}"
-        # One step of the event loop from here to the checkpoints: nothing is handed over.
+        # One step of the event loop: `upper`, and no round starts writing from here until the
+        # checkpoints are taken (a round already writing holds only writes before `upper`).
         upper = {p: self.positions[p] for p in sorted(self.owned)}
         at_ms = int(schemas.now_ms_())
         paused = time.perf_counter()
-        copy.mkdir(parents=True)
-        self.streams.store.checkpoint(copy / "streams")
-        self.retained.store.checkpoint(copy / "retained")
+        self.streams.hold_writes()
+        self.retained.hold_writes()
+        try:
+            await asyncio.to_thread(self._checkpoint, copy)
+        finally:
+            self.streams.release_writes()
+            self.retained.release_writes()
         pause_ms = (time.perf_counter() - paused) * 1000
         cut = tables.Cut(self.bus.epoch or "", at_ms, None, lower, upper)
         counts = await asyncio.to_thread(self._write, copy, folder, cut)
@@ -123,6 +131,11 @@ class RetainerExports:
             "pause_ms": round(pause_ms, 3),
             "total_s": round(time.perf_counter() - started, 3),
         }
+
+    def _checkpoint(self, copy: Path) -> None:
+        copy.mkdir(parents=True)
+        self.streams.store.checkpoint(copy / "streams")
+        self.retained.store.checkpoint(copy / "retained")
 
     def _write(self, copy: Path, folder: Path, cut: tables.Cut) -> dict[str, int]:
         try:

@@ -9,7 +9,8 @@ Invariants:
 - a round refused as a whole for one write's sake (`split_on`) is applied again one write at a
   time, in order, so only the offending writes are refused;
 - `stop` finishes the writes already handed over, then takes no more;
-- `settled` waits for the writes handed over before it (an online export's barrier).
+- `settled` waits for the writes handed over before it, and `hold` keeps rounds not yet
+  started from writing until `release` (an online export's barrier and checkpoint).
 
 The loop itself (a round is every write handed over while the previous one was written) is
 `relay_durable.batching.BatchLoop`, shared with the queue-writer's outbox; this module adds what
@@ -58,6 +59,8 @@ class Rounds(Generic[W]):
         self._group = group
         self._loop: BatchLoop[Pending[W]] = BatchLoop(self._round, name)
         self._unsettled: set[asyncio.Future[None]] = set()
+        self._open = asyncio.Event()
+        self._open.set()
 
     def start(self) -> None:
         self._loop.start()
@@ -82,7 +85,16 @@ class Rounds(Generic[W]):
     async def stop(self) -> None:
         await self._loop.close()
 
+    def hold(self) -> None:
+        """Rounds that have not started wait until `release` (one already writing goes on);
+        writes are still handed over meanwhile, and go into the next round."""
+        self._open.clear()
+
+    def release(self) -> None:
+        self._open.set()
+
     async def _round(self, batch: list[Pending[W]]) -> None:
+        await self._open.wait()
         live = []
         for pending in batch:
             if pending.expired():
