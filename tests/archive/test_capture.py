@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from relay_archive import capture, export, tables
 from relay_journal.journal import QueueJournal
 from relay_journal.settings import JournalSettings
@@ -82,6 +84,30 @@ def test_changes_between_slices_do_not_leak_and_are_not_held_up(tmp_path: Path) 
         export.write_queue_part(out, "queue-writer-0", got.queues, got.messages, taking.cut)
         assert tables.read_table(out, "messages").num_rows == 18
         assert export.read_cut(out, NOW).offsets == {0: 10, 1: 7}
+    finally:
+        store.close()
+        journal.close()
+
+
+def test_a_failed_read_fails_the_export_not_the_command(tmp_path: Path) -> None:
+    journal = QueueJournal(JournalSettings(root=tmp_path / "journal"))
+    store = StoreLog(StoreLogSettings(root=tmp_path / "store"))
+    try:
+        queue, sender = ids.new_queue_ids(4)
+        store.new(QueueRecord(queue, sender, "key", 100, NOW, NOW))
+        for i in range(3):
+            journal.write(queue, ids.id_bytes(ids.new_id()), b"m%d" % i, ts_ms=NOW)
+        journal.close_idle()  # read from its files from here on
+        (messages,) = (tmp_path / "journal" / "queues").rglob("messages.*.log")
+        data = bytearray(messages.read_bytes())
+        data[len(data) // 2 :] = b"\xff" * (len(data) - len(data) // 2)
+        messages.write_bytes(bytes(data))
+        taking = capture.QueueCapture(journal, store.queues, tables.Cut("e", NOW, {}))
+        taking.before_change(queue)  # no exception here: the command goes on
+        assert taking.failed is not None
+        assert taking.finished
+        with pytest.raises(type(taking.failed)):
+            taking.step(10)
     finally:
         store.close()
         journal.close()

@@ -16,7 +16,8 @@ Invariants:
   off until `done`);
 - queues created after the cut are not captured; a queue deleted after the cut is;
 - reading a queue that was not open closes it again (`QueueJournal.messages(keep_open=False)`),
-  so the export does not evict the busy queues.
+  so the export does not evict the busy queues;
+- a read that fails in `before_change` fails the export (`step` raises it), never the command.
 
 Not thread-safe: runs on the owner's event loop, like the journal it reads.
 """
@@ -54,6 +55,9 @@ class QueueCapture:
         self._done: set[str] = set()
         self._pending: Iterator[QueueRecord] = iter(view.values())
         self.finished = False
+        self.failed: Exception | None = None
+        """A read that failed in `before_change`: the capture stops (raised by `step`), and
+        the command that announced it goes on (an export never fails a command)."""
 
     def _read(self, record: QueueRecord) -> None:
         queue = record.recipient_id
@@ -70,12 +74,19 @@ class QueueCapture:
         if record is None:
             return  # created after the cut
         started = time.perf_counter()
-        self._read(record)
+        try:
+            self._read(record)
+        except Exception as error:  # the journal's read errors: the export's, not the command's
+            self.failed, self.finished = error, True
+            return
         self.captured.early += 1
         self._waited(started)
 
     def step(self, queues: int) -> bool:
-        """Read up to `queues` more queues of the cut; True once every one is captured."""
+        """Read up to `queues` more queues of the cut; True once every one is captured.
+        Raises what failed an earlier `before_change` read."""
+        if self.failed is not None:
+            raise self.failed
         started = time.perf_counter()
         try:
             for _ in range(queues):
