@@ -318,3 +318,19 @@ def test_a_bounded_publications_cut_makes_its_window_uncertain(
     assert window
     assert all(lower[r["partition"]] <= r["offset"] < upper[r["partition"]] for r in window)
     assert len(streams) < 2 * 30
+
+
+def test_an_export_that_names_no_epoch_takes_the_archives_only_one(
+    archive: tuple[LocalStore, synthetic.Made], tmp_path: Path
+) -> None:
+    """An offline export of queue-writers that never applied a command has no marks, so no
+    epoch: the rebuild takes the archive's (there is one), every command partition cut at 0."""
+    store, _ = archive
+    out = tmp_path / "export"
+    tables.write_table(out, "queues", [], "queue-writer-0")
+    idle = tables.Cut("", AT_MS, {})
+    (out / export.CUT_FILE.format(name="queue-writer-0")).write_text(idle.to_json())
+    export.write_manifest(out, AT_MS)
+    assert export.read_cut(out, AT_MS).epoch == ""
+    cut = main._cut(store, out, None)
+    assert (cut.epoch, cut.at_ms, cut.offsets) == (synthetic.EPOCH, AT_MS, {})
