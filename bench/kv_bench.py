@@ -88,7 +88,22 @@ class Relay:
     def __init__(self, work: Path) -> None:
         self.data_dir = work / "relay"
         self.log = work / "relayctl.out"
-        with self.log.open("wb") as out:
+        self.start()
+        self.admin = (self.data_dir / "admin-token").read_text().strip()
+        made = httpx.put(
+            f"{self.url}/admin/kv/namespaces/bench",
+            json={"n": 3, "r": 2, "w": 2},
+            headers={"Authorization": f"Bearer {self.admin}"},
+            timeout=30,
+        )
+        made.raise_for_status()
+        self.token = made.json()["token"]
+        self.clients: list[httpx.AsyncClient] = []
+
+    def start(self) -> None:
+        """`relayctl up --replicators 3` on `data_dir` (new or used), until its ready line."""
+        mark = self.log.stat().st_size if self.log.exists() else 0
+        with self.log.open("ab") as out:
             self.process = subprocess.Popen(
                 [
                     str(VENV_BIN / "relayctl"),
@@ -106,7 +121,8 @@ class Relay:
             )
         deadline = time.monotonic() + 120
         while True:
-            found = re.search(r"Relay ready at (\S+)", self.log.read_text(errors="replace"))
+            printed = self.log.read_bytes()[mark:].decode(errors="replace")
+            found = re.search(r"Relay ready at (\S+)", printed)
             if found:
                 self.url = found.group(1)
                 break
@@ -114,16 +130,6 @@ class Relay:
                 self.stop()
                 raise RuntimeError(f"relayctl up failed: {self.log.read_text()[-2000:]}")
             time.sleep(0.2)
-        admin = (self.data_dir / "admin-token").read_text().strip()
-        made = httpx.put(
-            f"{self.url}/admin/kv/namespaces/bench",
-            json={"n": 3, "r": 2, "w": 2},
-            headers={"Authorization": f"Bearer {admin}"},
-            timeout=30,
-        )
-        made.raise_for_status()
-        self.token = made.json()["token"]
-        self.clients: list[httpx.AsyncClient] = []
 
     async def open(self, workers: int) -> None:
         headers = {"Authorization": f"Bearer {self.token}"}

@@ -246,6 +246,22 @@ def test_every_replicator_is_told_every_peer() -> None:
     assert len(peers) == 3
     assert all(p.startswith("http://") and p.endswith(":8080") for p in peers)
     assert peers[2].split("//")[1].split(".")[0].endswith("replicator-2")
+    retainer_env = next(
+        c["env"]
+        for name, spec in pods(documents)
+        if name.endswith("retainer")
+        for c in spec["containers"]
+    )
+    # The retainers read the /ds replica-set targets from the same replicators.
+    told = [e["value"] for e in retainer_env if e["name"] == "RELAY_RETAINED__REPLICATORS"]
+    assert [json.loads(v) for v in told] == [peers]
+    without = render({"replicator": {"enabled": False}})
+    assert not any(
+        e["name"] == "RELAY_RETAINED__REPLICATORS"
+        for _, spec in pods(without)
+        for c in spec["containers"]
+        for e in c.get("env", [])
+    )
 
 
 def test_archiver_settings_reach_the_config() -> None:

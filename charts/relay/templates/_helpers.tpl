@@ -122,13 +122,12 @@ containers:
       - {name: RELAY_DATA__REPLICAS, value: {{ .replicas | quote }}}
       {{- end }}
       {{- if eq .service "replicator" }}
-      {{- $name := printf "%s-%s" (include "relay.fullname" .root) .service }}
-      {{- $peers := list }}
-      {{- range $k := until (int .values.replicas) }}
-      {{- $peers = append $peers (printf "http://%s-%d.%s:8080" $name $k $name) }}
-      {{- end }}
       # Every replicator's address on the headless service: each learns the others' site ids.
-      - {name: RELAY_KV__PEERS, value: {{ toJson $peers | quote }}}
+      - {name: RELAY_KV__PEERS, value: {{ include "relay.replicatorUrls" .root | quote }}}
+      {{- end }}
+      {{- if and (eq .service "retainer") .root.Values.replicator.enabled }}
+      # The replicators hold the /ds replica-set targets: read at start and every 10 s.
+      - {name: RELAY_RETAINED__REPLICATORS, value: {{ include "relay.replicatorUrls" .root | quote }}}
       {{- end }}
     {{- if $ingress }}
     lifecycle:
@@ -254,3 +253,13 @@ spec:
   ports:
     - {name: http, port: {{ .port | default 8080 }}, targetPort: http, protocol: TCP}
 {{- end -}}
+
+{{/* Every replicator's URL on its headless service, as a JSON list. */}}
+{{- define "relay.replicatorUrls" -}}
+{{- $name := printf "%s-replicator" (include "relay.fullname" .) }}
+{{- $urls := list }}
+{{- range $k := until (int .Values.replicator.replicas) }}
+{{- $urls = append $urls (printf "http://%s-%d.%s:8080" $name $k $name) }}
+{{- end }}
+{{- toJson $urls }}
+{{- end }}

@@ -102,6 +102,9 @@ class Suite:
         peers = json.dumps([f"http://{host}:{c.port}" for c in replicators])
         for child in replicators:  # each learns the others' site ids from these
             child.env["RELAY_KV__PEERS"] = peers
+        for child in self.services:  # retainers read their /ds targets from the replicators
+            if child.name.startswith("relay-retainer-"):
+                child.env.setdefault("RELAY_RETAINED__REPLICATORS", peers)
         first_ingress = next(c for c in self.services if c.name == "relay-ingress-0")
         self.ingress_url = f"http://{host}:{first_ingress.port}"
 

@@ -84,8 +84,10 @@ class Bus:
         partitions: Sequence[int] | None = None,
         start_offsets: StartOffsets | None = None,
         on_revoked: Revoked | None = None,
+        member: str | None = None,
     ) -> Consumer:
-        """Register a consumer, started with the bus; see `Consumer` for the two modes."""
+        """Register a consumer, started with the bus; see `Consumer` for the two modes and
+        `Consumer.member` for static group membership."""
         consumer = Consumer(
             self.settings,
             topic=topic,
@@ -96,6 +98,7 @@ class Bus:
             partitions=partitions,
             start_offsets=start_offsets,
             on_revoked=on_revoked,
+            member=member,
         )
         self.consumers.append(consumer)
         self.readiness.register(consumer.name)

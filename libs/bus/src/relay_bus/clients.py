@@ -95,13 +95,16 @@ def producer(settings: KafkaSettings, client_id: str) -> AIOKafkaProducer:
     )
 
 
-def consumer(settings: KafkaSettings, client_id: str, group_id: str | None) -> AIOKafkaConsumer:
+def consumer(
+    settings: KafkaSettings, client_id: str, group_id: str | None, member: str | None = None
+) -> AIOKafkaConsumer:
     # Offsets are committed by hand after the handler has run (at-least-once); a partition
     # without a committed offset starts at the beginning: "latest" would skip records written
     # before a group's first commit, or after a log loss.
     return AIOKafkaConsumer(
         **_common(settings, client_id),
         group_id=group_id,
+        group_instance_id=member,
         enable_auto_commit=False,
         auto_offset_reset="earliest",
         session_timeout_ms=settings.session_timeout_ms,

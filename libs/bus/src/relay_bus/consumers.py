@@ -100,6 +100,7 @@ class Consumer:
         partitions: Sequence[int] | None = None,
         start_offsets: StartOffsets | None = None,
         on_revoked: Revoked | None = None,
+        member: str | None = None,
     ) -> None:
         if partitions is None and group_id is None:
             raise ValueError("a group consumer needs a group_id")
@@ -114,6 +115,11 @@ class Consumer:
         self.partitions = list(partitions) if partitions is not None else None
         self.start_offsets = start_offsets
         self.on_revoked = on_revoked
+        self.member = member
+        """A static group member's name (`group.instance.id`, KIP-345): a member that restarts
+        under the same name within the session timeout gets its partitions back without a
+        rebalance (a killed one is not waited for until its session expires); the cost, a
+        stopped member's partitions wait for that timeout (a static member does not leave)."""
         self.assigned = False
         self._consumer: clients.AIOKafkaConsumer | None = None
         self._task: asyncio.Task[None] | None = None
@@ -134,7 +140,7 @@ class Consumer:
         return sorted(tp.partition for tp in self._consumer.assignment())
 
     async def start(self) -> None:
-        self._consumer = clients.consumer(self.settings, self.client_id, self.group_id)
+        self._consumer = clients.consumer(self.settings, self.client_id, self.group_id, self.member)
         await self._consumer.start()
         if self.partitions is None:
             self._consumer.subscribe([self.physical_topic], listener=_GroupListener(self))

@@ -3,8 +3,11 @@ replica-set or site change must pass against it before any retainer is asked to 
 
 Merged: a site is known when some retainer knows it (the node a live retainer gives for itself
 wins over what others registered); it is `up` when a live retainer is that site; a storage's
-shards are every retainer's, in id order; its replica set is the union of the retainers'
-targets.
+shards are every retainer's, in id order. A storage's replica-set target is its replicated
+record (`relay_ds.targets`, read with a quorum and given as `stored`) when it has one: every
+shard's transitions are then computed against it, whatever a retainer that has not applied it
+yet says. A storage without a record (not written through `/ds` since the record exists) keeps
+the retainers' own targets: its replica set is their union.
 
 Invariants:
 - a change is checked here first and refused as a whole (`Refused`: a bad or unknown site, a
@@ -15,18 +18,23 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 
 from relay_ds.errors import Refused, Unknown
 from relay_ds.info import (
+    JOINING,
+    LEAVING,
     Description,
     DsInfo,
     Retainer,
+    Shard,
     Site,
     SiteShard,
     SiteSummary,
     Storage,
     StorageShare,
+    Transition,
 )
 from relay_ds.sites import SiteId, check_known, parse_site
 
@@ -35,7 +43,11 @@ class View:
     """Every retainer's description, merged. At least one description (every partition has an
     owner that answered)."""
 
-    def __init__(self, descriptions: Iterable[Description]) -> None:
+    def __init__(
+        self,
+        descriptions: Iterable[Description],
+        stored: Mapping[str, Sequence[SiteId]] | None = None,
+    ) -> None:
         self.retainers = sorted(descriptions, key=lambda d: d.partitions[0])
         """Lowest partition first: the first is the retainer owning partition 0."""
         self.live = {d.site: d for d in self.retainers}
@@ -46,6 +58,8 @@ class View:
                 self.known.setdefault(entry.site, entry.node)
         for site, d in self.live.items():
             self.known[site] = d.node
+        self.stored = {name: list(target) for name, target in (stored or {}).items()}
+        """Each storage's replicated target (its record), for the storages that have one."""
 
     # -- what `/ds` shows ---------------------------------------------------------------------
 
@@ -62,15 +76,29 @@ class View:
         """The storage's shards from every retainer, in id order (`Unknown` if none has it)."""
         shards = [shard for share in self._shares(name) for shard in share.shards]
         shards.sort(key=lambda shard: int(shard.id))
+        target = self.stored.get(name)
+        if target is not None:
+            shards = [replace(shard, transitions=_transitions(shard, target)) for shard in shards]
         return Storage(name=name, shards=shards)
 
     def targets(self, name: str) -> list[list[SiteId]]:
-        """Each retainer's replica-set target of the storage (`Unknown` if none has it)."""
-        return [list(share.replicas) for share in self._shares(name)]
+        """The storage's replica-set targets (`Unknown` if no retainer has it): its record's
+        alone when it has one, else each retainer's own."""
+        shares = self._shares(name)
+        if name in self.stored:
+            return [list(self.stored[name])]
+        return [list(share.replicas) for share in shares]
 
     def replicas(self, name: str) -> list[SiteId]:
-        """The sites the storage's replica set names: the union over retainers."""
+        """The sites the storage's replica set names: its record's, or the union over
+        retainers while it has none."""
         return sorted({site for target in self.targets(name) for site in target})
+
+    def target(self, name: str) -> list[SiteId]:
+        """The one target a change starts from: the record's, or the union while there is
+        none (`Unknown` if no retainer has the storage)."""
+        targets = self.targets(name)
+        return list(targets[0]) if len(targets) == 1 else self.replicas(name)
 
     def site(self, site: SiteId) -> Site:
         """A known site and the shards it holds or is to hold (`Unknown` if not known)."""
@@ -147,3 +175,10 @@ class View:
             if site in holding or any(site in target for target in self.targets(name)):
                 raise Refused(f"site {site} is in the replica set of {name!r}")
         return site
+
+
+def _transitions(shard: Shard, target: Sequence[SiteId]) -> list[Transition]:
+    """A shard's pending changes towards `target`: sites to join, then sites to leave."""
+    holding = [replica.site for replica in shard.replicas]
+    joining = [Transition(site, JOINING) for site in target if site not in holding]
+    return joining + [Transition(site, LEAVING) for site in holding if site not in target]

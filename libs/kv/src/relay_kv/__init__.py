@@ -5,5 +5,5 @@ their merge), `codec` (the versioned envelope of a stored value), `placement` (f
 rendezvous replica sets), `quorum` (write and read rounds, INDETERMINATE), `ops` (the client
 operations on values), `tombstones` (when a tombstone may be purged), `hints` (hinted handoff
 records and limits), `tictac` (per-shard hashes updated per write), `names` (namespace and key
-rules).
+rules), `membership` (a join or leave under way: dual writes, where reads go, when it may end).
 """

@@ -19,8 +19,10 @@ from dataclasses import asdict, dataclass
 
 NAMESPACES = "$ns"
 """Reserved namespace holding namespace definitions (clients cannot name it: `$` is refused)."""
-SYSTEM = {"$retained": 3}
-"""Relay's own replicated data (admin requests only, no token): namespace -> N."""
+SYSTEM = {"$retained": 3, "$ds": 3}
+"""Relay's own replicated data (admin requests only, no token): namespace -> N. `$retained`:
+retained messages; `$ds`: the `/ds` replica-set targets, one record per storage
+(`relay_ds.targets`)."""
 NAMESPACE_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$"
 _NAMESPACE = re.compile(NAMESPACE_PATTERN)
 MAX_KEY_BYTES = 512

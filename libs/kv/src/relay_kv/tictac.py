@@ -49,12 +49,15 @@ class Tree:
 
     def __init__(self, shards: dict[int, int] | None = None) -> None:
         self.shards: dict[int, int] = {s: h for s, h in (shards or {}).items() if h}
+        self.changes = 0
+        """Counts `update` calls: what was computed from this tree at one count still holds."""
 
     def shard(self, shard: int) -> int:
         return self.shards.get(shard, 0)
 
     def update(self, shard: int, old: int, new: int) -> int:
         """Replace a key hash `old` by `new` in `shard`; returns the shard's new hash."""
+        self.changes += 1
         value = self.shards.get(shard, 0) ^ old ^ new
         if value:
             self.shards[shard] = value

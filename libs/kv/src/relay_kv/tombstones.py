@@ -45,6 +45,15 @@ def tombstone_since(value: Value, now_ms: int) -> int | None:
     return max([t for t in times if t is not None], default=0)
 
 
+END_OF_TIME_MS = 1 << 62
+
+
+def mortal(value: Value) -> bool:
+    """Whether `value` is, or will become by expiry alone, a tombstone: the values garbage
+    collection must look at (a live value without expiry waits for a write to become one)."""
+    return tombstone_since(value, END_OF_TIME_MS) is not None
+
+
 def purgeable(
     value: Value, now_ms: int, gc_grace_ms: int, synced_ms: int | None, *, guard: bool = True
 ) -> bool:

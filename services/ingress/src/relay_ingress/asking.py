@@ -51,14 +51,27 @@ async def _one_reply(
     timeout_detail: str,
     key: bytes | None = None,
     partition: int | None = None,
+    resend_s: float | None = None,
 ) -> schemas.Reply:
     """Send `request` and wait for its one reply. The wait runs a little past the request's
     deadline: whoever holds it drops it only after the deadline, and an answer made just before
-    it still has to travel back. 503 with `timeout_detail` when no answer comes."""
+    it still has to travel back. With `resend_s`, the request is sent again (the same id) each
+    time that long passes without a reply, for requests whose owner runs each id once and for
+    which a second run is harmless. 503 with `timeout_detail` when no answer comes."""
     replies = ctx.inbox.expect(request.id)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_s + REPLY_GRACE_S
     try:
-        await ctx.bus.send(topic, request, key=key, partition=partition)
-        return await asyncio.wait_for(replies.get(), wait_s + REPLY_GRACE_S)
+        while True:
+            await ctx.bus.send(topic, request, key=key, partition=partition)
+            left = deadline - loop.time()
+            try:
+                return await asyncio.wait_for(
+                    replies.get(), left if resend_s is None else min(left, resend_s)
+                )
+            except TimeoutError:
+                if resend_s is None or loop.time() >= deadline - resend_s / 2:
+                    raise
     except TimeoutError:
         raise ApiError(503, "UNAVAILABLE", timeout_detail) from None
     finally:
@@ -242,7 +255,8 @@ async def replicator(ctx: Context, shard: int, **fields: Any) -> schemas.KvReply
     (`shard mod partitions`, keyed by the shard) and wait for the coordinating replicator's
     answer; a refusal is raised as the API error it names. When no answer comes within the
     request timeout: 503 for a read, 504 INDETERMINATE for a write (it reached Kafka, so a
-    replicator may have applied it; retrying it is safe)."""
+    replicator may have applied it; retrying it is safe). Sent again every `kv_resend_s` without
+    an answer, so a coordinator killed with the request in hand delays it instead of losing it."""
     wait_s = ctx.config.request_timeout_s
     try:
         reply = await _one_reply(
@@ -253,6 +267,7 @@ async def replicator(ctx: Context, shard: int, **fields: Any) -> schemas.KvReply
             timeout_detail=f"no answer within {wait_s:g} s from the replicators",
             key=shard.to_bytes(2, "big"),
             partition=shard % ctx.config.kafka.partitions,
+            resend_s=ctx.config.kv_resend_s,
         )
     except ApiError as error:
         if fields.get("op") in KV_READS:

@@ -1,36 +1,48 @@
 """The `/ds` admin endpoints (EMQX's durable storage API, admin token): sites, storages and
-their replica sets, gathered from every retainer and merged.
+their replica sets, gathered from every retainer and merged, with each storage's replica-set
+target read from its one replicated record (`relay_ds.targets`).
 
 Each retainer instance is one site. A read asks every partition of `relay.publications` for a
 description (`describe`); each retainer answers once, with its `relay_ds.info.Description`
-(shard ids already global). `relay_ds.view.View` merges them and holds every rule; the
-handlers here ask, check, send and answer with `relay_ds`'s values as they are.
+(shard ids already global). Each storage's target record is read from the replicators (reserved
+namespace `$ds`, R = a majority, over `relay.replication`); a storage without a record keeps its
+retainers' own targets (the migration: read both until written). `relay_ds.view.View` merges
+them and holds every rule; the handlers here ask, check, send and answer with `relay_ds`'s
+values as they are.
 
 Invariants:
 - a change is validated against the merged view before anything is sent (unknown sites, a
   replica set too small, a live site to forget: 400; unknown database or site: 404), so a
   refused change changes nothing;
-- a change goes to every retainer, with every known site (`peers`) for retainers to register,
-  and is answered 202 "OK" (forget: 204) once every partition's owner has applied it.
+- a replica-set change (set, join, leave) is first written as the storage's record with
+  W = a majority of its replicators (a later write wins: the record is a last-writer-wins
+  register); only then is every retainer told (`set_replicas` over Kafka, with every known site
+  as `peers`), and it is answered 202 "OK" once every partition's owner has applied it. A
+  retainer that misses it reads the record at its next start or poll
+  (`relay_retainer.ds_targets`);
+- a forget goes to every retainer and is answered 204 once every partition's owner applied it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Annotated
 
 from fastapi import APIRouter, Body, Path, Response
 from pydantic import TypeAdapter
 
-from relay_ds import sites, tokens
+from relay_ds import sites, targets, tokens
 from relay_ds.errors import Refused, Unknown
 from relay_ds.info import Description, DsInfo, Site, Storage
 from relay_ds.view import View
+from relay_durable import codec
 from relay_ingress import asking
 from relay_ingress.admin import Admin
 from relay_ingress.context import Context, Ctx
 from relay_ingress.errors import ApiError, documented
+from relay_kv import placement
 
 router = APIRouter(prefix="/ds", tags=["durable storage admin"], responses=documented(403, 503))
 
@@ -51,15 +63,62 @@ def _refusals() -> Iterator[None]:
         raise ApiError(404, "NOT_FOUND", str(error)) from None
 
 
-async def _view(ctx: Context) -> View:
+async def _stored(ctx: Context, name: str) -> targets.TargetRecord | None:
+    """The storage's replicated target record (R = a majority), None if it has none yet."""
+    try:
+        reply = await asking.replicator(
+            ctx,
+            placement.shard_of(targets.NAMESPACE, name),
+            op="get",
+            ns=targets.NAMESPACE,
+            key=name,
+            admin=True,
+        )
+    except ApiError as error:
+        if error.code == "NOT_FOUND":
+            return None
+        raise
+    data = reply.data or {}
+    try:
+        return targets.decode(codec.unb64u(str(data.get("value", ""))))
+    except (ValueError, Refused) as error:
+        detail = f"the target record of {name!r} is damaged: {error}"
+        raise ApiError(503, "UNAVAILABLE", detail) from None
+
+
+async def _view(ctx: Context, only: Iterable[str] | None = None) -> View:
+    """Every retainer's description merged with the target records of `only` (the storage
+    names given) or of every storage the retainers hold."""
     replies = await asking.every_retainer(ctx, op="describe")
-    return View(_DESCRIPTION.validate_python(r.data) for r in replies if r.data is not None)
+    descriptions = [_DESCRIPTION.validate_python(r.data) for r in replies if r.data is not None]
+    names = sorted(
+        set(only) if only is not None else {s.name for d in descriptions for s in d.storages}
+    )
+    records = await asyncio.gather(*(_stored(ctx, name) for name in names))
+    stored = {name: r.replicas for name, r in zip(names, records, strict=True) if r is not None}
+    return View(descriptions, stored)
+
+
+async def _write_target(ctx: Context, view: View, ds: str, target: list[sites.SiteId]) -> None:
+    """Write the storage's new target (already checked against `view`) to a majority of its
+    replicators, then have every retainer apply it."""
+    record = targets.record(target, view.known)
+    await asking.replicator(
+        ctx,
+        placement.shard_of(targets.NAMESPACE, ds),
+        op="put",
+        ns=targets.NAMESPACE,
+        key=ds,
+        value=codec.b64u(record.encode()),
+        admin=True,
+    )
+    await asking.every_retainer(ctx, op="set_replicas", db=ds, sites=target, peers=view.known)
 
 
 @router.get("/sites", response_model=list[str])
 async def list_sites(ctx: Ctx, _: Admin) -> list[sites.SiteId]:
     """Every known site: each retainer's own and those registered with them."""
-    return sorted((await _view(ctx)).known)
+    return sorted((await _view(ctx, [])).known)
 
 
 @router.get(
@@ -86,7 +145,7 @@ async def forget_site(ctx: Ctx, _: Admin, site: SitePath) -> Response:
 
 @router.get("/storages", response_model=list[str])
 async def list_storages(ctx: Ctx, _: Admin) -> list[str]:
-    return (await _view(ctx)).storage_names()
+    return (await _view(ctx, [])).storage_names()
 
 
 @router.get(
@@ -96,15 +155,16 @@ async def list_storages(ctx: Ctx, _: Admin) -> list[str]:
     responses=documented(400, 404),
 )
 async def get_storage(ctx: Ctx, _: Admin, ds: DsPath) -> Storage:
-    view = await _view(ctx)
+    view = await _view(ctx, [ds])
     with _refusals():
         return view.storage(ds)
 
 
 @router.get("/storages/{ds}/replicas", response_model=list[str], responses=documented(400, 404))
 async def get_replicas(ctx: Ctx, _: Admin, ds: DsPath) -> list[sites.SiteId]:
-    """The sites the storage's replica set names (the union over retainers)."""
-    view = await _view(ctx)
+    """The sites the storage's replica set names: its record's (the union over retainers
+    while it has none)."""
+    view = await _view(ctx, [ds])
     with _refusals():
         return view.replicas(ds)
 
@@ -116,10 +176,10 @@ async def set_replicas(ctx: Ctx, _: Admin, ds: DsPath, body: Annotated[list[str]
     """Set the replica set (a list of known sites, not empty, no site twice)."""
     with _refusals():
         wanted = sites.parse_target(body)
-    view = await _view(ctx)
+    view = await _view(ctx, [ds])
     with _refusals():
         view.check_target(ds, wanted)
-    await asking.every_retainer(ctx, op="set_replicas", db=ds, sites=wanted, peers=view.known)
+    await _write_target(ctx, view, ds, wanted)
     return OK
 
 
@@ -131,10 +191,12 @@ async def set_replicas(ctx: Ctx, _: Admin, ds: DsPath, body: Annotated[list[str]
 )
 async def join(ctx: Ctx, _: Admin, ds: DsPath, site: SitePath) -> str:
     """Add a site to the replica set."""
-    view = await _view(ctx)
+    view = await _view(ctx, [ds])
     with _refusals():
         wanted = view.joining(ds, site)
-    await asking.every_retainer(ctx, op="join", db=ds, site=wanted, peers=view.known)
+        target = view.target(ds)
+    if wanted not in target:
+        await _write_target(ctx, view, ds, [*target, wanted])
     return OK
 
 
@@ -148,10 +210,11 @@ async def leave(ctx: Ctx, _: Admin, ds: DsPath, site: SitePath) -> str:
     """Remove a site from the replica set (404 if it is not in it)."""
     with _refusals():
         wanted = sites.parse_site(site)
-    view = await _view(ctx)
+    view = await _view(ctx, [ds])
     with _refusals():
         view.check_leaving(ds, wanted)
-    await asking.every_retainer(ctx, op="leave", db=ds, site=wanted)
+        target = [s for s in view.target(ds) if s != wanted]  # not empty: check_leaving
+    await _write_target(ctx, view, ds, target)
     return OK
 
 

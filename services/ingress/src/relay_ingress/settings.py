@@ -17,6 +17,11 @@ class IngressSettings(ServiceSettings):
     """How long `/admin/ping` waits for its ping to come back."""
     request_timeout_s: float = Field(10.0, gt=0, le=60)
     """How long a client request waits for its queue-writer's answer before 503."""
+    kv_resend_s: float = Field(1.0, gt=0, le=60)
+    """How long a key-value request waits for its coordinating replicator before the ingress
+    sends it again (the same id, within `request_timeout_s`): a coordinator that holds it runs
+    it once and answers again; a replicator that took the partition over from a dead one runs
+    it (its consumer resumes past records the dead one had read)."""
     ws_connections_per_address: int = Field(256, ge=1)
     """WebSocket connections one client address may hold at this instance."""
     ws_frames_per_s: float = Field(100.0, gt=0)

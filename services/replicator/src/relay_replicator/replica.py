@@ -159,7 +159,10 @@ def router(replica: LocalReplica, token: str | None, sync: Any) -> APIRouter:
 
     @api.post("/tree/keys")
     async def keys(body: dict[str, Any]) -> dict[str, Any]:
-        result: dict[str, Any] = sync.keys(int(body["n"]), int(body["shard"]))
+        if "shard" in body:  # a peer of the version that asked one shard at a time
+            rows = sync.keys(int(body["n"]), [int(body["shard"])])["keys"]
+            return {"keys": [row[1:] for row in rows]}
+        result: dict[str, Any] = sync.keys(int(body["n"]), [int(s) for s in body["shards"]])
         return result
 
     return api

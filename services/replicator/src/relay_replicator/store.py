@@ -6,13 +6,16 @@ Layout (`kv/1`, recorded under `META`):
   shards (anti-entropy compares them that way);
 - `h` n shard(2) -> the shard's tictac hash (8 bytes, `relay_kv.tictac`);
 - `i` target NUL namespace NUL key -> a hint for `target` (`relay_kv.hints`);
-- `s` n peer -> when the last complete anti-entropy pass with `peer` for that `n` started (ms).
+- `s` n peer -> when the last complete anti-entropy pass with `peer` for that `n` started (ms);
+- `g` n shard(2) namespace NUL key -> empty: the key's value is mortal (a tombstone, or one by
+  expiry: `relay_kv.tombstones.mortal`), so garbage collection reads these keys only, not every
+  key (a store written before this index builds it once at open, `META` `gc_index`).
 
 Invariants:
 - every change goes through one group-committed `WriteBatch` written with `sync=True`: a write
   is acknowledged (its future resolved) only after the batch holding it is on disk, and a key's
   value and its shard's hash change in the same batch, so the hashes are never out of step with
-  the data, even after a crash (`check()` recomputes them);
+  the data, even after a crash (`check()` recomputes them); the same holds for the GC index;
 - a write merges (`relay_kv.crdt.merge`) into what is stored: applying the same write twice, or
   an older one after a newer one, changes nothing;
 - decisions: RocksDB rather than SQLite or an append-only log of our own because range scans per
@@ -34,7 +37,7 @@ import structlog
 from rocksdict import Options, Rdict, ReadOptions, WriteBatch, WriteOptions
 
 from relay_durable.batching import BatchLoop
-from relay_kv import codec, crdt, hints, tictac
+from relay_kv import codec, crdt, hints, tictac, tombstones
 from relay_kv.clock import Version
 
 log = structlog.get_logger(__name__)
@@ -45,6 +48,7 @@ DATA = b"d"
 HASH = b"h"
 HINT = b"i"
 SYNCED = b"s"
+MORTAL = b"g"
 _U64 = struct.Struct(">Q")
 _SYNC = WriteOptions()
 _SYNC.sync = True
@@ -52,6 +56,12 @@ _SYNC.sync = True
 
 def data_key(n: int, shard: int, namespace: str, key: str) -> bytes:
     return DATA + bytes([n]) + shard.to_bytes(2, "big") + namespace.encode() + b"\0" + key.encode()
+
+
+def _after(prefix: bytes) -> bytes | None:
+    """The least key above every key that starts with `prefix` (None: there is none)."""
+    kept = prefix.rstrip(b"\xff")
+    return kept[:-1] + bytes([kept[-1] + 1]) if kept else None
 
 
 def _hash_key(n: int, shard: int) -> bytes:
@@ -107,9 +117,11 @@ class KvStore:
         self.db = Rdict(str(self.path), options)
         meta = self.db.get(META)
         if meta is None:
-            self.db.put(META, json.dumps({"v": 1, "layout": LAYOUT}).encode(), _SYNC)
+            self.db.put(META, json.dumps({"v": 1, "layout": LAYOUT, "gc_index": 1}).encode(), _SYNC)
         elif json.loads(meta).get("layout") != LAYOUT:
             raise codec.CorruptValue(f"{self.path}: unknown layout {meta!r}")
+        elif not json.loads(meta).get("gc_index"):
+            self._build_gc_index(json.loads(meta))
         for key, value in self._range(HASH):
             self.tree.setdefault(key[1], tictac.Tree()).shards[int.from_bytes(key[2:4], "big")] = (
                 _U64.unpack(value)[0]
@@ -118,6 +130,20 @@ class KvStore:
         for key, value in self._range(SYNCED):
             self.synced[(key[1], key[2:].decode())] = _U64.unpack(value)[0]
         self._loop.start()
+
+    def _build_gc_index(self, meta: dict[str, object]) -> None:
+        """Index the mortal values of a store written before the index existed, and record
+        that it exists, in one synced batch."""
+        assert self.db is not None
+        batch = WriteBatch(raw_mode=True)
+        indexed = 0
+        for raw_key, value in self._range(DATA):
+            if tombstones.mortal(codec.decode(value)):
+                batch.put(MORTAL + raw_key[1:], b"")
+                indexed += 1
+        batch.put(META, json.dumps({**meta, "gc_index": 1}).encode())
+        self.db.write(batch, _SYNC)
+        log.info("kv_gc_index_built", mortal=indexed)
 
     async def close(self) -> None:
         await self._loop.close()
@@ -128,7 +154,9 @@ class KvStore:
     def _range(self, prefix: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
         assert self.db is not None
         options = ReadOptions()
-        options.set_iterate_upper_bound(prefix[:-1] + bytes([prefix[-1] + 1]))
+        bound = _after(prefix)
+        if bound is not None:
+            options.set_iterate_upper_bound(bound)
         it = self.db.iter(options)
         it.seek(start or prefix)
         while it.valid():
@@ -191,6 +219,23 @@ class KvStore:
                 value,
             )
 
+    def mortal_keys(self) -> Iterator[tuple[int, int, str, str, bytes]]:
+        """(n, shard, namespace, key, envelope) of every key whose value is mortal: what
+        garbage collection judges, without reading the rest."""
+        assert self.db is not None
+        for index_key, _ in self._range(MORTAL):
+            raw = self.db.get(DATA + index_key[1:])
+            if not isinstance(raw, bytes):
+                continue
+            namespace, _, key = index_key[4:].partition(b"\0")
+            yield (
+                index_key[1],
+                int.from_bytes(index_key[2:4], "big"),
+                namespace.decode(),
+                key.decode(),
+                raw,
+            )
+
     def hints_for(self, target: str, limit: int) -> list[tuple[bytes, bytes, hints.Hint]]:
         found = []
         prefix = target.encode() + hints.SEP
@@ -212,13 +257,19 @@ class KvStore:
             start = HINT + target + bytes([hints.SEP[0] + 1])
 
     def check(self) -> list[str]:
-        """Integrity: every stored shard hash equals a recompute from the data."""
+        """Integrity: every stored shard hash equals a recompute from the data, and the GC
+        index names exactly the keys whose values are mortal."""
         recomputed: dict[int, tictac.Tree] = {}
+        mortal: set[bytes] = set()
         for n, shard, namespace, key, value in self.all_keys():
             recomputed.setdefault(n, tictac.Tree()).update(
                 shard, 0, tictac.key_hash(namespace, key, value)
             )
-        problems = []
+            if tombstones.mortal(codec.decode(value)):
+                mortal.add(data_key(n, shard, namespace, key)[1:])
+        indexed = {key[1:] for key, _ in self._range(MORTAL)}
+        problems = [f"GC index lacks {k!r}" for k in sorted(mortal - indexed)]
+        problems += [f"GC index names {k!r}, not mortal" for k in sorted(indexed - mortal)]
         for n in set(recomputed) | set(self.tree):
             mine = self.tree.get(n, tictac.Tree()).shards
             right = recomputed.get(n, tictac.Tree()).shards
@@ -301,6 +352,7 @@ class KvStore:
             if self._current(pending, raw_key) == seen:
                 self._rehash(batch, write, seen, None)
                 batch.delete(raw_key)
+                batch.delete(MORTAL + raw_key[1:])
                 pending[raw_key] = None
         for n, peer, started_ms in job.synced:
             batch.put(SYNCED + bytes([n]) + peer.encode(), _U64.pack(started_ms))
@@ -334,6 +386,12 @@ class KvStore:
             self._rehash(batch, write, old_raw, new_raw)
             batch.put(raw_key, new_raw)
             pending[raw_key] = new_raw
+            was_mortal = old is not None and tombstones.mortal(old)
+            if tombstones.mortal(merged) != was_mortal:
+                if was_mortal:
+                    batch.delete(MORTAL + raw_key[1:])
+                else:
+                    batch.put(MORTAL + raw_key[1:], b"")
         return Applied(merged, newer)
 
     def _rehash(

@@ -3,16 +3,17 @@ tombstones that every replica is known to hold are purged.
 
 Every `interval_s`, for each replication factor n this site stores and each peer: the shards the
 two share (both among the n home replicas) are compared group by group (XOR of shard hashes per
-group), then shard by shard in the groups that differ, then key by key in the shards that differ.
-A differing key is pulled (the peer's value merged here) and pushed (the merge written to the
-peer): both then hold the join. A pass that compared every shared shard records when it started
-(`KvStore.mark_synced`); a shard is synced as of the oldest such time among its other home
-replicas, which the GC guard (`relay_kv.tombstones.purgeable`) requires.
+group), then shard by shard in the groups that differ, then key by key in the shards that differ
+(`shards_per_call` shards listed per call). A differing key is pulled (the peer's value merged
+here) and pushed (the merge written to the peer): both then hold the join. A pass that compared
+every shared shard records when it started (`KvStore.mark_synced`); a shard is synced as of the
+oldest such time among its other home replicas, which the GC guard
+(`relay_kv.tombstones.purgeable`) requires.
 
 Invariants: anti-entropy only ever merges (never overwrites or deletes a value), and never
-hands over a tombstone this site would purge; one pass at a
-time; a pass interrupted by a peer's failure records nothing, so the guard never counts a sync
-that did not complete; keys are exchanged in batches of `batch` (the throttle).
+hands over a tombstone this site would purge; one pass at a time; a pass interrupted by a
+peer's failure records nothing, so the guard never counts a sync that did not complete; keys
+are exchanged in batches of `batch` (the throttle: one read and one write call per batch).
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ class Sync:
         interval_s: float,
         *,
         gc_guard: bool = True,
-        batch: int = 100,
+        batch: int = 500,
+        shards_per_call: int = 1024,
     ) -> None:
         self.replicas = replicas
         self.store = replicas.local.store
@@ -54,8 +56,11 @@ class Sync:
         self.interval_s = interval_s
         self.gc_guard = gc_guard
         self.batch = batch
+        self.shards_per_call = shards_per_call
         self._home: dict[tuple[int, int], tuple[str, ...]] = {}
         self._home_view = 0
+        self._groups: dict[tuple[int, str], tuple[tictac.Tree, tuple[int, int], dict[str, Any]]]
+        self._groups = {}
         self.passes = 0
         self._rounds = Periodic("kv-sync", interval_s, self.run_pass)
 
@@ -90,9 +95,18 @@ class Sync:
         return self.store.tree.get(n) or tictac.Tree()
 
     def groups(self, n: int, peer: str) -> dict[str, Any]:
+        """The group hashes of the shards shared with `peer`, recomputed only when the tree or
+        the view changed since the last time (at rest a pass costs two small calls per peer,
+        not a walk of every shard holding data)."""
         tree = self._tree(n)
+        stamp = (tree.changes, self.peers.view.version)
+        known = self._groups.get((n, peer))
+        if known is not None and known[0] is tree and known[1] == stamp:
+            return known[2]
         hashes = tree.groups(self.shared(n, peer, list(tree.shards)))
-        return {"groups": {str(g): f"{h:016x}" for g, h in hashes.items()}}
+        answer = {"groups": {str(g): f"{h:016x}" for g, h in hashes.items()}}
+        self._groups[(n, peer)] = (tree, stamp, answer)
+        return answer
 
     def shards(self, n: int, peer: str, groups: list[int]) -> dict[str, Any]:
         wanted = set(groups)
@@ -105,10 +119,12 @@ class Sync:
             }
         }
 
-    def keys(self, n: int, shard: int) -> dict[str, Any]:
+    def keys(self, n: int, shards: list[int]) -> dict[str, Any]:
+        """Every key of `shards` with its hash, as [shard, namespace, key, hash] rows."""
         return {
             "keys": [
-                [ns, key, f"{tictac.key_hash(ns, key, raw):016x}"]
+                [shard, ns, key, f"{tictac.key_hash(ns, key, raw):016x}"]
+                for shard in shards
                 for ns, key, raw in self.store.shard_keys(n, shard)
             ]
         }
@@ -152,18 +168,17 @@ class Sync:
         )["shards"]
         my_shards = self.shards(n, peer, groups)["shards"]
         differing = tictac.differing(my_shards, their_shards)
-        for shard in differing:
-            await self._repair_shard(peer, n, shard)
+        for start in range(0, len(differing), self.shards_per_call):
+            await self._repair_shards(peer, n, differing[start : start + self.shards_per_call])
         return len(differing)
 
-    async def _repair_shard(self, peer: str, n: int, shard: int) -> None:
-        their_keys = {
-            (ns, key): h
-            for ns, key, h in (
-                await self.peers.call(peer, "/internal/kv/tree/keys", {"n": n, "shard": shard})
-            )["keys"]
-        }
-        my_keys = {(ns, key): h for ns, key, h in self.keys(n, shard)["keys"]}
+    async def _repair_shards(self, peer: str, n: int, shards: list[int]) -> None:
+        """Make this site and `peer` hold the join of every key of `shards`: one listing of
+        the peer's keys for all of them, then pulls and pushes `batch` keys at a time."""
+        asked = {"n": n, "shards": shards}
+        listed = (await self.peers.call(peer, "/internal/kv/tree/keys", asked))["keys"]
+        their_keys = {(shard, ns, key): h for shard, ns, key, h in listed}
+        my_keys = {(shard, ns, key): h for shard, ns, key, h in self.keys(n, shards)["keys"]}
         differ = sorted(
             k for k in set(my_keys) | set(their_keys) if my_keys.get(k) != their_keys.get(k)
         )
@@ -171,10 +186,10 @@ class Sync:
             part = differ[start : start + self.batch]
             pull = [k for k in part if k in their_keys]
             if pull:
-                values = await self.replicas.read(peer, [(n, ns, key) for ns, key in pull])
+                values = await self.replicas.read(peer, [(n, ns, key) for _, ns, key in pull])
                 got = [
                     (n, ns, key, v)
-                    for (ns, key), v in zip(pull, values, strict=True)
+                    for (shard, ns, key), v in zip(pull, values, strict=True)
                     if v is not None and not self.purgeable(n, shard, ns, v)
                 ]
                 if got:
@@ -182,7 +197,7 @@ class Sync:
                     _EXCHANGED.labels("pulled").inc(len(got))
             push = [
                 (n, ns, key, value)
-                for ns, key in part
+                for shard, ns, key in part
                 if (value := self.store.get(n, shard, ns, key)) is not None
                 and not self.purgeable(n, shard, ns, value)
             ]
@@ -222,7 +237,7 @@ class Sync:
 
     async def collect_garbage(self) -> int:
         judged = []
-        for n, shard, namespace, key, raw in self.store.all_keys():
+        for n, shard, namespace, key, raw in self.store.mortal_keys():
             value = codec.decode(raw)
             if self.purgeable(n, shard, namespace, value):
                 judged.append((Write(n, shard, namespace, key, value), raw))

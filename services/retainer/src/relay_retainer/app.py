@@ -18,6 +18,7 @@ from relay_bus.config import KafkaSettings
 from relay_bus.consumers import Received
 from relay_bus.lifecycle import BusLifecycle
 from relay_retainer.ds import DsRequests
+from relay_retainer.ds_targets import TargetSync
 from relay_retainer.exports import RetainerExports
 from relay_retainer.replication import RetainedReplication
 from relay_retainer.retained import RetainedHost, RetainedRequests, RetainedServiceSettings
@@ -45,7 +46,17 @@ def build(config: RetainerSettings) -> tuple[FastAPI, BusLifecycle]:
     replicas = config.data.replicas
     owned = ownership.owned_partitions(config.kafka.partitions, ordinal, replicas)
     host = StreamHost(config.data.dir / "streams", config.instance, config.streams, readiness)
-    ds = DsRequests(bus, host, config.instance, owned, config.kafka.partitions)
+    token = config.admin_token.get_secret_value() if config.admin_token else None
+    targets = None
+    if config.retained.replicators:  # replica-set targets from their replicated records
+        targets = TargetSync(
+            host,
+            config.retained.replicators,
+            token,
+            config.instance,
+            config.retained.replication_timeout_s,
+        )
+    ds = DsRequests(bus, host, config.instance, owned, config.kafka.partitions, targets)
     replication = None
     if config.retained.replication == "quorum":
         replication = RetainedReplication(
@@ -83,8 +94,11 @@ def build(config: RetainerSettings) -> tuple[FastAPI, BusLifecycle]:
         ownership.claim_data_dir(config.data.dir, SERVICE, ordinal, replicas)
         await host.open()
         await retained_host.open()
+        if targets is not None:
+            await targets.start()
 
     close_replication = () if replication is None else (replication.close,)
+    close_targets = () if targets is None else (targets.close,)
     app = FastAPI(title="Relay retainer", routes=probe_routes(readiness))
     lifecycle = BusLifecycle(
         bus,
@@ -97,6 +111,6 @@ def build(config: RetainerSettings) -> tuple[FastAPI, BusLifecycle]:
             host.stop_writing,
             retained_host.stop_writing,
         ),
-        after_stop=(host.close, retained_host.close, *close_replication),
+        after_stop=(*close_targets, host.close, retained_host.close, *close_replication),
     )
     return app, lifecycle

@@ -11,7 +11,11 @@ Invariants:
   list comes in several parts;
 - `store` requests carry only topics of the partition they arrived on (refused otherwise), so a
   topic's messages always live with one retainer;
-- the consumer never waits for an operation: answers are sent by tasks.
+- the consumer never waits for an operation: answers are sent by tasks;
+- with the replicators configured (`relay_retainer.ds_targets`), a replica-set change reads the
+  storage's replicated record and applies it rather than the request's copy (the ingress wrote
+  the record first); without them, when no replicator answers or when the storage has no
+  record, the request's copy is applied as before (a poll puts a record's target back).
 """
 
 from __future__ import annotations
@@ -27,10 +31,12 @@ from relay_bus import routing, schemas
 from relay_bus.bus import Bus
 from relay_bus.consumers import Received
 from relay_bus.once import OncePerId
+from relay_ds import targets
 from relay_ds.tokens import MAX_TS
 from relay_durable import codec
 from relay_durable.outcome import Outcome
 from relay_retainer import answers, ds_admin
+from relay_retainer.ds_targets import TargetsUnavailable, TargetSync
 from relay_retainer.streams import StreamHost
 from relay_streams.errors import BadInput
 from relay_streams.model import Message
@@ -58,6 +64,7 @@ class DsRequests:
         instance: str,
         owned: Sequence[int],
         partitions: int,
+        targets: TargetSync | None = None,
     ) -> None:
         self.bus = bus
         self.host = host
@@ -66,7 +73,8 @@ class DsRequests:
         self.partitions = partitions
         self._writes: OncePerId[Outcome] = OncePerId(REMEMBERED, "ds")
         self._reads: OncePerId[Outcome] = OncePerId(READS_REMEMBERED, "ds-read")
-        self._admin = asyncio.Lock()
+        self.targets = targets
+        self._admin = asyncio.Lock() if targets is None else targets.lock
 
     async def handle(self, received: Received, request: schemas.DsRequest) -> None:
         if request.expired():
@@ -118,13 +126,15 @@ class DsRequests:
                     "end_of_stream": result.end_of_stream,
                 },
             )
+        read = await self._read_record(request) if op == "set_replicas" else None
         async with self._admin:
             store, peers = self.host.store, request.peers
             if op == "describe":
                 data = await asyncio.to_thread(ds_admin.describe, store, self.instance, self.owned)
                 return Outcome(200, data)
             if op == "set_replicas":
-                await asyncio.to_thread(ds_admin.set_replicas, store, db, request.sites, peers)
+                if not await self._from_record(request, read):
+                    await asyncio.to_thread(ds_admin.set_replicas, store, db, request.sites, peers)
             elif op == "join":
                 await asyncio.to_thread(ds_admin.join, store, db, request.site, peers)
             elif op == "leave":
@@ -132,6 +142,29 @@ class DsRequests:
             else:
                 await asyncio.to_thread(ds_admin.forget, store, request.site)
             return Outcome(202)
+
+    async def _read_record(self, request: schemas.DsRequest) -> dict[str, targets.Read] | None:
+        """The storage's replicated record as read now (outside the admin lock); None when
+        there is no replicator to read or none answered."""
+        if self.targets is None:
+            return None
+        try:
+            return await self.targets.read([request.db])
+        except TargetsUnavailable as error:
+            log.warning("ds_target_record_unread", db=request.db, error=str(error))
+            return None
+
+    async def _from_record(
+        self, request: schemas.DsRequest, read: dict[str, targets.Read] | None
+    ) -> bool:
+        """Apply the storage's record instead of the request's copy (the caller holds the
+        admin lock); False when it was not read or the storage has no record (an asker that
+        writes no records): the caller applies the copy."""
+        if self.targets is None or read is None:
+            return False
+        store, db = self.host.store, request.db
+        await asyncio.to_thread(ds_admin.register, store, db, request.peers)
+        return db in await self.targets.apply(read)
 
     def _messages(
         self, request: schemas.DsRequest, partition: int

@@ -44,6 +44,12 @@ def _register(store: StreamStore, peers: Mapping[str, str]) -> None:
             store.register_site(parsed, node)
 
 
+def register(store: StreamStore, db: str, peers: Mapping[str, str]) -> None:
+    """Register the asker's known sites for a change of `db` (which must exist here)."""
+    store.db(db)
+    _register(store, peers)
+
+
 def set_replicas(
     store: StreamStore, db: str, target: Sequence[str], peers: Mapping[str, str]
 ) -> None:

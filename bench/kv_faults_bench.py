@@ -1,0 +1,357 @@
+"""Replicated key-value under faults (issue 21): a killed replica, divergence after a pause,
+anti-entropy at rest, restart with a million keys. Relay alone (the peers' equivalents are not
+comparable: etcd and Redis have no per-key anti-entropy).
+
+    .venv/bin/python bench/kv_faults_bench.py
+        options (defaults): --keys 20000 --clients 16 --kill-seconds 15 --divergent 100000
+        --rest-seconds 30 --restart-keys 1000000 --value-bytes 256
+        --skip kill|diverge|rest|restart (repeatable)
+
+One suite, `relayctl up --replicators 3` in a temp data dir, a namespace with n=3, r=2, w=2
+(`kv_bench.Relay`), `--keys` keys written once; then, in order:
+- kill: `--clients` tasks write random keys for `--kill-seconds`; a third of the way in, one
+  replicator is killed (SIGKILL; `relayctl` restarts it after its 0.25 s back-off). Figures:
+  writes/s before the kill, the time from the kill until a one-second window reaches 70 % of
+  that rate (`resume_s`), the rate from 2 s after the kill to the end as a fraction of the rate
+  before (`after_ratio`), the longest write, errors. Target (issue 21): resume within 2 s at
+  70 % or more.
+- diverge: one replicator is paused (SIGSTOP) while `--divergent` new keys are written (each
+  retried until acknowledged by W=2), then resumed (SIGCONT); figures: the divergent shards
+  right after the heal and the time until `relayctl kv divergence`'s report (every pair's
+  tictac hashes, every n) is empty. Target: 100k divergent keys converge within 60 s.
+- rest: with nothing written, each replicator's CPU time over `--rest-seconds` as a share of
+  one core (anti-entropy and hint hand-off at rest). Target: at most 1 %.
+- restart: the suite stops; every replicator's store is filled offline through its engine
+  (`KvStore.merge`, the same envelopes on each, so nothing diverges) up to `--restart-keys`
+  keys; the suite starts again, one replicator is killed, and the time from its restart to a
+  200 from its `/readyz` is measured, with the same figure before the fill for comparison.
+  Target: ready within 2 s at 1M keys. Then the rest figures again, with the filled stores
+  (`filled_rest_cpu_percent*`).
+The last line is the JSON summary (`bench/report.py`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import signal
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import kv_bench
+import report
+
+from relay_kv import crdt, hints, placement
+from relay_kv.clock import Version
+from relay_replicator.store import KvStore, Write
+from relayctl import state
+from relayctl.kv_commands import divergence_report
+
+NAMESPACE = "bench"
+N = 3
+
+
+def replicators(data_dir: Path) -> list[state.ChildState]:
+    suite = state.read_state(data_dir)
+    if suite is None:
+        raise RuntimeError(f"no suite runs on {data_dir}")
+    return sorted(
+        (c for c in suite.children if c.name.startswith("relay-replicator-")),
+        key=lambda c: c.name,
+    )
+
+
+def replicator_urls(data_dir: Path) -> list[str]:
+    return [c.probe_url.removesuffix("/readyz") for c in replicators(data_dir) if c.probe_url]
+
+
+def pid_of(data_dir: Path, name: str) -> int:
+    for child in replicators(data_dir):
+        if child.name == name and child.pid:
+            return child.pid
+    raise RuntimeError(f"{name} has no pid in the run state")
+
+
+def restarted(data_dir: Path, name: str, old_pid: int, deadline_s: float = 60) -> float:
+    """Seconds from `name` running under a new pid to a 200 from its /readyz."""
+    limit = time.monotonic() + deadline_s
+    while True:
+        child = next(c for c in replicators(data_dir) if c.name == name)
+        if child.pid and child.pid != old_pid and child.probe_url:
+            break
+        if time.monotonic() > limit:
+            raise RuntimeError(f"{name} was not restarted within {deadline_s} s")
+        time.sleep(0.005)
+    started = time.monotonic()
+    with httpx.Client(timeout=1) as http:
+        while time.monotonic() < limit:
+            try:
+                if http.get(child.probe_url).status_code == 200:
+                    return time.monotonic() - started
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.02)
+    raise RuntimeError(f"{name} was not ready again within {deadline_s} s")
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def write_for(
+    relay: kv_bench.Relay, keys: list[str], clients: int, seconds: float, value: bytes, at: Any
+) -> tuple[list[tuple[float, bool]], float]:
+    """Random writes for `seconds`; `at(t0)` is awaited once a third of the way in."""
+    await relay.open(clients)
+    done: list[tuple[float, bool]] = []
+    longest = 0.0
+    began = time.monotonic()
+    stop = began + seconds
+
+    async def worker(w: int) -> None:
+        nonlocal longest
+        rng = random.Random(w)  # noqa: S311 - a workload, not a secret
+        while time.monotonic() < stop:
+            started = time.monotonic()
+            try:
+                ok = await relay.write(w, rng.choice(keys), value)
+            except httpx.HTTPError:
+                ok = False
+            finished = time.monotonic()
+            longest = max(longest, finished - started)
+            done.append((finished - began, ok))
+
+    async def fault() -> None:
+        await asyncio.sleep(seconds / 3)
+        await at()
+
+    await asyncio.gather(fault(), *(worker(w) for w in range(clients)))
+    await relay.close()
+    return done, longest
+
+
+def kill_phase(
+    relay: kv_bench.Relay, keys: list[str], options: Any, value: bytes
+) -> dict[str, Any]:
+    name = replicators(relay.data_dir)[1].name
+    killed_at = 0.0
+
+    async def kill() -> None:
+        nonlocal killed_at
+        killed_at = time.monotonic()
+        os.kill(pid_of(relay.data_dir, name), signal.SIGKILL)
+
+    began = time.monotonic()
+    done, longest = asyncio.run(
+        write_for(relay, keys, options.clients, options.kill_seconds, value, kill)
+    )
+    kill_t = killed_at - began
+    ok_times = sorted(t for t, ok in done if ok)
+    before = [t for t in ok_times if 1.0 <= t < kill_t]
+    rate_before = len(before) / max(kill_t - 1.0, 1e-9)
+    resume_s = None
+    step = 0.05
+    t = kill_t
+    while t + 1.0 <= options.kill_seconds:
+        window = sum(1 for x in ok_times if t <= x < t + 1.0)
+        if window >= 0.7 * rate_before:
+            resume_s = round(t + 1.0 - kill_t, 2)
+            break
+        t += step
+    after = [x for x in ok_times if x >= kill_t + 2.0]
+    after_span = options.kill_seconds - (kill_t + 2.0)
+    return {
+        "kill_writes_per_s_before": round(rate_before),
+        "kill_resume_s": resume_s,
+        "kill_after_ratio": round(len(after) / after_span / rate_before, 3)
+        if after_span > 0 and rate_before
+        else None,
+        "kill_longest_write_s": round(longest, 2),
+        "kill_errors": sum(1 for _, ok in done if not ok),
+    }
+
+
+async def write_all(relay: kv_bench.Relay, keys: list[str], clients: int, value: bytes) -> int:
+    """Write every key once, retrying each until acknowledged; the number of retries."""
+    await relay.open(clients)
+    queue = list(reversed(keys))
+    retries = 0
+
+    async def worker(w: int) -> None:
+        nonlocal retries
+        while queue:
+            key = queue.pop()
+            while True:
+                try:
+                    if await relay.write(w, key, value):
+                        break
+                except httpx.HTTPError:
+                    pass
+                retries += 1
+                await asyncio.sleep(0.05)
+
+    await asyncio.gather(*(worker(w) for w in range(clients)))
+    await relay.close()
+    return retries
+
+
+def divergent_shards(relay: kv_bench.Relay) -> int:
+    report_rows = divergence_report(replicator_urls(relay.data_dir), relay.admin)
+    return sum(len(shards) for _, _, _, shards in report_rows)
+
+
+def diverge_phase(relay: kv_bench.Relay, options: Any, value: bytes) -> dict[str, Any]:
+    name = replicators(relay.data_dir)[2].name
+    pid = pid_of(relay.data_dir, name)
+    keys = [f"div-{i}" for i in range(options.divergent)]
+    os.kill(pid, signal.SIGSTOP)
+    began = time.monotonic()
+    try:
+        retries = asyncio.run(write_all(relay, keys, max(options.clients, 64), value))
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    written_s = time.monotonic() - began
+    healed = time.monotonic()
+    at_heal = divergent_shards(relay)
+    converged_s = None
+    while time.monotonic() - healed < options.converge_limit_s:
+        if divergent_shards(relay) == 0:
+            converged_s = round(time.monotonic() - healed, 1)
+            break
+        time.sleep(1.0)
+    return {
+        "diverge_keys": len(keys),
+        "diverge_write_s": round(written_s, 1),
+        "diverge_retries": retries,
+        "diverge_shards_at_heal": at_heal,
+        "diverge_converged_s": converged_s,
+    }
+
+
+def rest_phase(relay: kv_bench.Relay, options: Any) -> dict[str, Any]:
+    time.sleep(5)
+    pids = {c.name: c.pid for c in replicators(relay.data_dir) if c.pid}
+    first = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    began = time.monotonic()
+    time.sleep(options.rest_seconds)
+    elapsed = time.monotonic() - began
+    shares = {
+        name: round(100 * (cpu_seconds(pid) - first[name]) / elapsed, 2)
+        for name, pid in pids.items()
+    }
+    return {"rest_cpu_percent_max": max(shares.values()), "rest_cpu_percent": shares}
+
+
+def restart_once(data_dir: Path) -> float:
+    """Kill the first replicator; seconds from its restart (a new pid) until it is ready."""
+    name = replicators(data_dir)[0].name
+    old = pid_of(data_dir, name)
+    os.kill(old, signal.SIGKILL)
+    return round(restarted(data_dir, name, old), 2)
+
+
+async def fill(path: Path, keys: int, value: bytes, wall_ms: int) -> None:
+    store = KvStore(path, hints.HintLimits())
+    store.open()
+    try:
+        version = Version(wall_ms, 0, "F" * 16)
+        chunk = 20_000
+        for start in range(0, keys, chunk):
+            writes = [
+                Write(
+                    N,
+                    placement.shard_of(NAMESPACE, key),
+                    NAMESPACE,
+                    key,
+                    crdt.Register(version, value),
+                )
+                for key in (f"fill-{i}" for i in range(start, min(keys, start + chunk)))
+            ]
+            await store.merge(writes)
+    finally:
+        await store.close()
+
+
+def restart_phase(relay: kv_bench.Relay, options: Any, value: bytes) -> dict[str, Any]:
+    data_dir = relay.data_dir
+    before = restart_once(data_dir)
+    relay.stop()
+    stores = sorted(data_dir.glob("**/kv/db"))
+    wall_ms = int(time.time() * 1000)
+    began = time.monotonic()
+    for path in stores:
+        asyncio.run(fill(path, options.restart_keys, value, wall_ms))
+    filled_s = time.monotonic() - began
+    relay.start()
+    after = restart_once(data_dir)
+    wait_all_ready(data_dir)
+    at_rest = rest_phase(relay, options)
+    return {
+        "restart_keys": options.restart_keys,
+        "restart_fill_s_per_store": round(filled_s / max(len(stores), 1), 1),
+        "restart_ready_s_small": before,
+        "restart_ready_s_filled": after,
+        **{f"filled_{name}": figure for name, figure in at_rest.items()},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--keys", type=int, default=20_000)
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--kill-seconds", type=float, default=15)
+    parser.add_argument("--divergent", type=int, default=100_000)
+    parser.add_argument("--converge-limit-s", type=float, default=300)
+    parser.add_argument("--rest-seconds", type=float, default=30)
+    parser.add_argument("--restart-keys", type=int, default=1_000_000)
+    parser.add_argument("--value-bytes", type=int, default=256)
+    parser.add_argument("--work", type=Path, help="keep the suite's data and logs here")
+    parser.add_argument(
+        "--skip", action="append", default=[], choices=["kill", "diverge", "rest", "restart"]
+    )
+    options = parser.parse_args()
+    value = os.urandom(options.value_bytes)
+    keys = [f"key-{i}" for i in range(options.keys)]
+    summary: dict[str, Any] = {"keys": options.keys, "clients": options.clients}
+    (kv_bench.ROOT / "var").mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=kv_bench.ROOT / "var", prefix="kv-faults-") as temp:
+        relay = kv_bench.Relay(options.work or Path(temp))
+        try:
+            asyncio.run(kv_bench.preload(relay, keys, value))
+            if "kill" not in options.skip:
+                summary.update(kill_phase(relay, keys, options, value))
+                wait_all_ready(relay.data_dir)
+            if "diverge" not in options.skip:
+                summary.update(diverge_phase(relay, options, value))
+            if "rest" not in options.skip:
+                summary.update(rest_phase(relay, options))
+            if "restart" not in options.skip:
+                summary.update(restart_phase(relay, options, value))
+        finally:
+            relay.stop()
+    report.emit(summary)
+
+
+def wait_all_ready(data_dir: Path) -> None:
+    with httpx.Client(timeout=1) as http:
+        for _ in range(600):
+            try:
+                if all(
+                    c.probe_url and http.get(c.probe_url).status_code == 200
+                    for c in replicators(data_dir)
+                ):
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+    raise RuntimeError("replicators not ready")
+
+
+if __name__ == "__main__":
+    main()
