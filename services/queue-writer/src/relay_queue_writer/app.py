@@ -62,8 +62,8 @@ def build(config: QueueWriterSettings) -> tuple[FastAPI, BusLifecycle]:
         repair=config.store_repair,
         idempotency_window_s=config.idempotency_window_s,
     )
-    admin = AdminRequests(bus, stores, config.instance)
     commands = Commands(bus, stores, config.kafka.partitions, config.expire_interval_s)
+    admin = AdminRequests(bus, stores, config.instance, commands)
 
     async def handle(received: Received) -> None:
         record = received.record

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 import structlog
 
@@ -56,6 +57,11 @@ class Commands:
         """Partition → the offset after the last command applied (for `bus.epoch`)."""
         self._outbox: Outbox | None = None
         self._sweeper: asyncio.Task[None] | None = None
+        self.before_change: Callable[[str | None], None] | None = None
+        """Called with the queue a command or re-sync is about to change (an online export's
+        copy before write, `relay_archive.capture`); None when nobody watches."""
+        self.sweep_lock = asyncio.Lock()
+        """Held by an expiry sweep, and by an online export while it reads (no sweep then)."""
 
     async def open(self) -> None:
         journal, store = self.stores.journal, self.stores.store
@@ -121,6 +127,17 @@ class Commands:
                 )
         return outcome
 
+    def positions(self) -> dict[int, int]:
+        """Partition → the offset after the last command applied, for every assigned
+        partition: the cut of the state as it stands between two commands."""
+        return dict(self._next)
+
+    def _queue_of(self, record: schemas.QueueCommand | schemas.QueueResync) -> str | None:
+        if isinstance(record, schemas.SendMessage):
+            found = self.rules.store.by_sender(record.sender)
+            return None if found is None else found.recipient_id
+        return record.queue
+
     def _mark_key(self, partition: int) -> str:
         return f"p{partition}"
 
@@ -129,6 +146,7 @@ class Commands:
         broker's log is not the one the marks are for."""
         marks = self.rules.journal.marks
         offsets = {}
+        self._next = {}  # every assigned partition is sought again: a dropped one leaves the cut
         for partition in partitions:
             epoch, _, offset = marks.get(self._mark_key(partition), "").partition(":")
             offsets[partition] = int(offset) if epoch == self.bus.epoch and offset else 0
@@ -150,6 +168,10 @@ class Commands:
         if not self._first_time(received):
             return
         record = received.record
+        if self.before_change is not None and isinstance(
+            record, schemas.QueueCommand | schemas.QueueResync
+        ):
+            self.before_change(self._queue_of(record))
         if isinstance(record, schemas.QueueResync):
             outcome = self.rules.resync(
                 ids.QueueId(record.queue),
@@ -181,11 +203,12 @@ class Commands:
         """Drop expired messages from every queue, letting commands run between queues;
         returns how many queues lost messages."""
         changed = 0
-        for event in self.rules.expire(now_ms()):
-            self.outbox.put(event.lsn, None, [self._event(event)])
-            changed += 1
-            if changed % SWEEP_SLICE == 0:
-                await asyncio.sleep(0)
+        async with self.sweep_lock:
+            for event in self.rules.expire(now_ms()):
+                self.outbox.put(event.lsn, None, [self._event(event)])
+                changed += 1
+                if changed % SWEEP_SLICE == 0:
+                    await asyncio.sleep(0)
         log.info("queues_swept", changed=changed)
         return changed
 
