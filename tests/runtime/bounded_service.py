@@ -18,6 +18,9 @@ class _Idle:
     async def stop(self) -> None:
         pass
 
+    async def lame_duck(self) -> None:
+        pass
+
 
 def build(_: ServiceSettings) -> tuple[FastAPI, _Idle]:
     app = FastAPI()
