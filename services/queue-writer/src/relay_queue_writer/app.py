@@ -23,6 +23,7 @@ from relay_bus.ownership_routes import ownership_routes
 from relay_queue_writer import announce
 from relay_queue_writer.admin import AdminRequests
 from relay_queue_writer.commands import Commands
+from relay_queue_writer.handoff import handoff_routes
 from relay_queue_writer.stores import Stores
 from relay_queues import idempotency
 from relay_runtime import ownership, settings
@@ -102,7 +103,11 @@ def build(config: QueueWriterSettings) -> tuple[FastAPI, BusLifecycle]:
     token = config.admin_token.get_secret_value() if config.admin_token else None
     app = FastAPI(
         title="Relay queue-writer",
-        routes=[*probe_routes(readiness), *ownership_routes(owner, token)],
+        routes=[
+            *probe_routes(readiness),
+            *ownership_routes(owner, token),
+            *handoff_routes(stores, owner, config.kafka.partitions, token),
+        ],
     )
     lifecycle = BusLifecycle(
         bus,
