@@ -126,8 +126,9 @@ def collect(
 
 def install(journal: QueueJournal, store: StoreLog, state: PartitionState) -> tuple[int, int]:
     """Make the partition's queues on this journal and store exactly `state`'s, and its mark
-    `state.mark`; returns (journal lsn, store seq) to wait durable for. Queues of the partition
-    held here and absent from `state` are deleted; the others are rebuilt from scratch."""
+    `state.mark` ("" forgets where reading was); returns (journal lsn, store seq) to wait
+    durable for. Queues of the partition held here and absent from `state` are deleted; the
+    others are rebuilt from scratch."""
     seq = 0
     for queue_id in queue_ids(store, state.partition, state.partitions):
         journal.delete(queue_id)
@@ -146,9 +147,15 @@ def install(journal: QueueJournal, store: StoreLog, state: PartitionState) -> tu
             journal.write(queue_id, m.msg_id, m.body, ts_ms=m.ts_ms, expires_ms=m.expires_ms)
         if queue.suspended:
             journal.suspend(queue_id)
-    if state.mark:
-        journal.mark(mark_key(state.partition), state.mark)
+    journal.mark(mark_key(state.partition), state.mark)
     return journal.wal.written_lsn, seq
+
+
+def empty(partition: int, partitions: int) -> PartitionState:
+    """No queue and no mark: what `install` leaves of a partition this instance forgets (read
+    from offset 0 if it is ever served here again without an import, as a volume that never
+    held it)."""
+    return PartitionState(partition, partitions, "", ())
 
 
 # -- JSON form -----------------------------------------------------------------------------

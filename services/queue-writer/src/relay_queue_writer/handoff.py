@@ -8,7 +8,9 @@ partition"), admin token, on the queue-writer's port:
   (`relay_queues.partition_state.to_json`), taken between two commands while the instance
   keeps serving (prefetch) or after its fence (the final copy);
 - `PUT /internal/partitions/{p}/import`: install such a unit here through the engines, and
-  answer the digest of what is now held.
+  answer the digest of what is now held;
+- `DELETE /internal/partitions/{p}`: forget the partition's queues and mark (a source once
+  the move committed and its keeping time is over, or a target whose move was rolled back).
 
 Invariants: every route needs the admin token (403 `FORBIDDEN` while none is set); an import
 of a partition this instance serves is 409 `PARTITION_SERVED` (its commands are being
@@ -38,54 +40,50 @@ class _Refusal(Exception):
         super().__init__(detail)
         self.status, self.code, self.detail = status, code, detail
 
+    def response(self) -> JSONResponse:
+        return JSONResponse({"error": self.code, "detail": self.detail}, status_code=self.status)
 
-def _error(status: int, code: str, detail: str) -> JSONResponse:
-    return JSONResponse({"error": code, "detail": detail}, status_code=status)
 
+class _Handoff:
+    def __init__(
+        self, stores: Stores, owner: Ownership, partitions: int, token: str | None
+    ) -> None:
+        self.stores = stores
+        self.owner = owner
+        self.partitions = partitions
+        self.token = token
 
-def handoff_routes(
-    stores: Stores, owner: Ownership, partitions: int, token: str | None
-) -> list[BaseRoute]:
-    def allowed(request: Request) -> bool:
+    def _checked(self, request: Request) -> int:
+        """The path's partition, or `_Refusal` (no token, a partition not of this topic)."""
         presented = request.headers.get("authorization", "").encode()
-        return token is not None and hmac.compare_digest(presented, f"Bearer {token}".encode())
-
-    def partition_of(request: Request) -> int | JSONResponse:
+        if self.token is None or not hmac.compare_digest(
+            presented, f"Bearer {self.token}".encode()
+        ):
+            raise _Refusal(403, "FORBIDDEN", "admin token")
         raw = request.path_params["partition"]
-        if not raw.isdigit() or int(raw) >= partitions:
-            return _error(400, "BAD_PARTITION", f"partition is 0..{partitions - 1}")
+        if not raw.isdigit() or int(raw) >= self.partitions:
+            raise _Refusal(400, "BAD_PARTITION", f"partition is 0..{self.partitions - 1}")
         return int(raw)
 
-    def collect(partition: int) -> partition_state.PartitionState:
-        journal, store = stores.journal, stores.store
+    def _not_served(self, partition: int) -> None:
+        if partition in self.owner.serving:
+            raise _Refusal(409, "PARTITION_SERVED", f"partition {partition} is served here")
+
+    def _collect(self, partition: int) -> partition_state.PartitionState:
+        journal, store = self.stores.journal, self.stores.store
         assert journal is not None
         assert store is not None
-        return partition_state.collect(journal.journal, store.store, partition, partitions)
+        return partition_state.collect(journal.journal, store.store, partition, self.partitions)
 
-    def summary(state: partition_state.PartitionState) -> dict[str, Any]:
+    def _summary(self, partition: int) -> dict[str, Any]:
+        accepted = self.owner.accepted
         return {
-            **partition_state.summary([state])[0],
-            "serving": state.partition in owner.serving,
-            "generation": None if owner.accepted is None else owner.accepted.generation,
+            **partition_state.summary([self._collect(partition)])[0],
+            "serving": partition in self.owner.serving,
+            "generation": None if accepted is None else accepted.generation,
         }
 
-    async def state(request: Request) -> JSONResponse:
-        if not allowed(request):
-            return _error(403, "FORBIDDEN", "admin token")
-        partition = partition_of(request)
-        if isinstance(partition, JSONResponse):
-            return partition
-        return JSONResponse(summary(collect(partition)))
-
-    async def export(request: Request) -> JSONResponse:
-        if not allowed(request):
-            return _error(403, "FORBIDDEN", "admin token")
-        partition = partition_of(request)
-        if isinstance(partition, JSONResponse):
-            return partition
-        return JSONResponse(partition_state.to_json(collect(partition)))
-
-    def offered(partition: int, raw: bytes) -> partition_state.PartitionState:
+    def _offered(self, partition: int, raw: bytes) -> partition_state.PartitionState:
         """The state the body carries for `partition`, or `_Refusal`."""
         try:
             body = json.loads(raw)
@@ -95,37 +93,62 @@ def handoff_routes(
             state = partition_state.from_json(body)
         except ValueError as error:
             raise _Refusal(400, "BAD_STATE", str(error)) from None
-        if state.partitions != partitions or state.partition != partition:
+        if state.partitions != self.partitions or state.partition != partition:
             raise _Refusal(
                 400,
                 "PARTITION_MISMATCH",
                 f"the state is of partition {state.partition} of {state.partitions}, "
-                f"this is partition {partition} of {partitions}",
+                f"this is partition {partition} of {self.partitions}",
             )
-        if partition in owner.serving:
-            raise _Refusal(409, "PARTITION_SERVED", f"partition {partition} is served here")
+        self._not_served(partition)
         return state
 
-    async def import_(request: Request) -> JSONResponse:
-        if not allowed(request):
-            return _error(403, "FORBIDDEN", "admin token")
-        partition = partition_of(request)
-        if isinstance(partition, JSONResponse):
-            return partition
-        try:
-            state = offered(partition, await request.body())
-        except _Refusal as refusal:
-            return _error(refusal.status, refusal.code, refusal.detail)
-        journal, store = stores.journal, stores.store
+    async def _install(self, state: partition_state.PartitionState) -> dict[str, Any]:
+        journal, store = self.stores.journal, self.stores.store
         assert journal is not None
         assert store is not None
         lsn, seq = partition_state.install(journal.journal, store.store, state)
         await journal.durable(lsn)
         await store.durable(seq)
-        return JSONResponse(summary(collect(partition)))
+        return self._summary(state.partition)
 
+    async def state(self, request: Request) -> JSONResponse:
+        try:
+            return JSONResponse(self._summary(self._checked(request)))
+        except _Refusal as refusal:
+            return refusal.response()
+
+    async def export(self, request: Request) -> JSONResponse:
+        try:
+            partition = self._checked(request)
+        except _Refusal as refusal:
+            return refusal.response()
+        return JSONResponse(partition_state.to_json(self._collect(partition)))
+
+    async def import_(self, request: Request) -> JSONResponse:
+        try:
+            partition = self._checked(request)
+            state = self._offered(partition, await request.body())
+        except _Refusal as refusal:
+            return refusal.response()
+        return JSONResponse(await self._install(state))
+
+    async def forget(self, request: Request) -> JSONResponse:
+        try:
+            partition = self._checked(request)
+            self._not_served(partition)
+        except _Refusal as refusal:
+            return refusal.response()
+        return JSONResponse(await self._install(partition_state.empty(partition, self.partitions)))
+
+
+def handoff_routes(
+    stores: Stores, owner: Ownership, partitions: int, token: str | None
+) -> list[BaseRoute]:
+    handoff = _Handoff(stores, owner, partitions, token)
     return [
-        Route("/internal/partitions/{partition}/state", state, methods=["GET"]),
-        Route("/internal/partitions/{partition}/export", export, methods=["GET"]),
-        Route("/internal/partitions/{partition}/import", import_, methods=["PUT"]),
+        Route("/internal/partitions/{partition}/state", handoff.state, methods=["GET"]),
+        Route("/internal/partitions/{partition}/export", handoff.export, methods=["GET"]),
+        Route("/internal/partitions/{partition}/import", handoff.import_, methods=["PUT"]),
+        Route("/internal/partitions/{partition}", handoff.forget, methods=["DELETE"]),
     ]
