@@ -82,8 +82,8 @@ def _fill(engines: Engines) -> dict[int, list[ids.QueueId]]:
     made: dict[int, list[ids.QueueId]] = {1: [], 2: []}
     for partition in (1, 2):
         q1, s1, _ = _queue_on(rules, partition)
-        _send(rules, s1, b"one")
-        _send(rules, s1, b"two", ttl_s=60)
+        _send(rules, s1, b"one", ttl_s=60)
+        _send(rules, s1, b"two")
         q2, s2, k2 = _queue_on(rules, partition)
         _send(rules, s2, b"gone")
         head = rules.head(q2, Signed("t", k2.sign(b"t")), NOW)
@@ -203,3 +203,14 @@ def test_malformed_states_are_refused_and_install_nothing(source: Engines, targe
         with pytest.raises(ValueError, match=reason):
             ps.from_json(bad)
     assert ps.digest(target.state(1)) == before
+
+
+def test_a_sweep_limited_to_served_partitions_leaves_a_kept_copy_alone(source: Engines) -> None:
+    _fill(source)  # a head message with a 60 s TTL on each of partitions 1 and 2
+    kept, served = ps.digest(source.state(1)), ps.digest(source.state(2))
+    later = NOW + 120_000
+    swept = list(source.rules.expire(later, lambda q: ids.partition_of(q, PARTITIONS) == 2))
+    assert [ids.partition_of(e.queue, PARTITIONS) for e in swept] == [2]
+    assert ps.digest(source.state(1)) == kept
+    assert ps.digest(source.state(2)) != served
+    assert [ids.partition_of(e.queue, PARTITIONS) for e in source.rules.expire(later)] == [1]

@@ -109,6 +109,8 @@ class Moved:
     source_digest: str
     target_digest: str
     prefetch_s: float
+    steps_s: dict[str, float] = field(default_factory=dict)
+    """Within the pause: the source's install, the final copy, the target's install."""
 
 
 def move(
@@ -129,23 +131,28 @@ def move(
 
     paused = time.monotonic()
     _install(source, generation, after)  # pause: once it answers, the source applies nothing
+    fenced = time.monotonic()
     _one_owner(source, target)
     source_digest = _digest(source, partition)
     target_digest = _import(target, _export(source, partition))["digest"]
-    pause_s = time.monotonic() - paused
+    copied = time.monotonic()
+    steps = {"source_install": fenced - paused, "final_copy": copied - fenced}
+    pause_s = copied - paused
     if pause_s > budget_s or source_digest != target_digest:
         # Roll back: the source serves again under a newer generation giving it back, told
         # first; the target forgets what it imported.
         _install(source, generation + 1, before)
         _install(target, generation + 1, before)
         _ok(_call("DELETE", f"{target}/internal/partitions/{partition}"))
-        return Moved(False, time.monotonic() - paused, source_digest, target_digest, prefetch_s)
+        pause_s = time.monotonic() - paused
+        return Moved(False, pause_s, source_digest, target_digest, prefetch_s, steps)
     taken = _install(target, generation, after)  # commit
+    steps["target_install"] = time.monotonic() - copied
     pause_s = time.monotonic() - paused
     assert partition in taken["serving"], taken
     _one_owner(source, target)
     _ok(_call("DELETE", f"{source}/internal/partitions/{partition}"))  # release
-    return Moved(True, pause_s, source_digest, target_digest, prefetch_s)
+    return Moved(True, pause_s, source_digest, target_digest, prefetch_s, steps)
 
 
 @dataclass
@@ -269,9 +276,10 @@ def test_a_partition_moves_from_one_instance_to_two_under_load(
         load.start(MOVED)
         time.sleep(1.0)
         moved = move(a, b, MOVED, [0, 0, 0, 0], generation=2)
+        steps = ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in moved.steps_s.items())
         print(
-            f"\nmove 1->2 of partition {MOVED}: pause {moved.pause_s * 1000:.0f} ms, "
-            f"prefetch {moved.prefetch_s * 1000:.0f} ms"
+            f"\nmove 1->2 of partition {MOVED}: pause {moved.pause_s * 1000:.0f} ms ({steps}), "
+            f"prefetch {moved.prefetch_s * 1000:.0f} ms, {len(load.sent)} sends so far"
         )
         assert moved.committed, moved
         assert moved.source_digest == moved.target_digest

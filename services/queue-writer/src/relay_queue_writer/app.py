@@ -92,6 +92,8 @@ def build(config: QueueWriterSettings) -> tuple[FastAPI, BusLifecycle]:
         consumer.reassign,
     )
 
+    commands.served = lambda: owner.serving
+
     async def open_data_dir() -> None:
         ownership.claim_data_dir(config.data.dir, SERVICE, ordinal, config.kafka.partitions)
         await stores.open()
