@@ -120,8 +120,21 @@ def test_installed_state_has_the_sources_digest_and_leaves_other_partitions(
     ps.install(target.journal, target.store, carried)
     assert ps.digest(target.state(1)) == ps.digest(state)
     assert ps.digest(target.state(2)) == before_p2
-    ps.install(target.journal, target.store, carried)  # again: the same state
+    # Again: the same state, and no queue rewritten (only the mark is logged again).
+    logged = target.journal.wal.written_lsn
+    ps.install(target.journal, target.store, carried)
     assert ps.digest(target.state(1)) == ps.digest(state)
+    assert target.journal.wal.written_lsn == logged + 1
+    # One queue changed on the source since: only it is rewritten, and the digests agree.
+    changed = next(q for q in state.queues if not q.suspended and len(q.messages) < 3)
+    _send(source.rules, ids.SenderId(changed.record.sender_id), b"late")
+    later = source.state(1)
+    logged = target.journal.wal.written_lsn
+    ps.install(target.journal, target.store, ps.from_json(ps.to_json(later)))
+    assert ps.digest(target.state(1)) == ps.digest(later) != ps.digest(state)
+    rewritten = target.journal.wal.written_lsn - logged  # a drop, the messages, the mark
+    assert rewritten == 1 + len(changed.messages) + 1 + 1, rewritten
+    state = later
 
     # Durable through the engines: the same after a restart of the target.
     target.close()

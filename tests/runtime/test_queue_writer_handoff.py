@@ -4,10 +4,11 @@ console script, a light load of SEND commands put on the moved partition's comma
 the ingress puts them, and their replies read back from the ingress inbox.
 
 `move` below plays the operator's part (the operator does not drive moves yet): prefetch (the
-target imports the source's export while the source serves), pause (the source installs the
-new generation: its fence), the final copy (export after the fence, import, digests compared),
-commit (the target installs the generation and serves from the imported mark) and release
-(the source forgets its copy; its keeping time is 0 here). A pause past its budget, or
+target pulls and imports the source's export while the source serves), pause (the source
+installs the new generation, its fence, and answers its digest), catch-up (the target pulls
+the export made after the fence; digests compared), commit (the target installs the
+generation and serves from the imported mark) and release (the source forgets its copy; its
+keeping time is 0 here). A pause past its budget, or
 digests that differ, roll back: a newer generation giving the partition back to the source,
 and the target forgets what it imported."""
 
@@ -97,6 +98,12 @@ def _import(url: str, state: dict[str, Any]) -> dict[str, Any]:
     return _ok(_call("PUT", f"{url}/internal/partitions/{state['partition']}/import", state))
 
 
+def _pull(target: str, step: str, source: str, partition: int) -> dict[str, Any]:
+    """`prefetch` or `catch-up` on the target from the source."""
+    url = f"{target}/internal/partitions/{partition}/{step}"
+    return _ok(_call("POST", url, {"source": source}))
+
+
 def _digest(url: str, partition: int) -> str:
     digest: str = _ok(_call("GET", f"{url}/internal/partitions/{partition}/state"))["digest"]
     return digest
@@ -110,7 +117,7 @@ class Moved:
     target_digest: str
     prefetch_s: float
     steps_s: dict[str, float] = field(default_factory=dict)
-    """Within the pause: the source's install, the final copy, the target's install."""
+    """Within the pause: the source's pause (its install), the catch-up, the commit."""
 
 
 def move(
@@ -125,18 +132,26 @@ def move(
     after = list(before)
     after[partition] = 1 - before[partition]
     started = time.monotonic()
-    _import(target, _export(source, partition))  # prefetch: the source keeps serving
+    _pull(target, "prefetch", source, partition)  # the source keeps serving
     prefetch_s = time.monotonic() - started
     _one_owner(source, target)
 
+    assignment = {"generation": generation, "partitions": PARTITIONS, "replicas": 2}
     paused = time.monotonic()
-    _install(source, generation, after)  # pause: once it answers, the source applies nothing
+    # pause: once it answers, the source applies no command of the partition
+    at_pause = _ok(
+        _call(
+            "POST",
+            f"{source}/internal/partitions/{partition}/pause",
+            {**assignment, "assignment": after},
+        )
+    )
     fenced = time.monotonic()
-    _one_owner(source, target)
-    source_digest = _digest(source, partition)
-    target_digest = _import(target, _export(source, partition))["digest"]
+    assert not at_pause["serving"], at_pause
+    source_digest = at_pause["digest"]
+    target_digest = _pull(target, "catch-up", source, partition)["digest"]
     copied = time.monotonic()
-    steps = {"source_install": fenced - paused, "final_copy": copied - fenced}
+    steps = {"pause": fenced - paused, "catch_up": copied - fenced}
     pause_s = copied - paused
     if pause_s > budget_s or source_digest != target_digest:
         # Roll back: the source serves again under a newer generation giving it back, told
@@ -147,10 +162,11 @@ def move(
         pause_s = time.monotonic() - paused
         return Moved(False, pause_s, source_digest, target_digest, prefetch_s, steps)
     taken = _install(target, generation, after)  # commit
-    steps["target_install"] = time.monotonic() - copied
+    steps["commit"] = time.monotonic() - copied
     pause_s = time.monotonic() - paused
     assert partition in taken["serving"], taken
     _one_owner(source, target)
+    assert _digest(source, partition) == source_digest  # nothing changed it after the pause
     _ok(_call("DELETE", f"{source}/internal/partitions/{partition}"))  # release
     return Moved(True, pause_s, source_digest, target_digest, prefetch_s, steps)
 
@@ -325,6 +341,13 @@ def test_bad_hand_off_requests_are_refused_and_change_nothing(
         before = (_digest(a, MOVED), _digest(b, MOVED), _serving(a, b))
         assert before[0] != before[1]
         url = f"{b}/internal/partitions/{MOVED}"
+        dead = f"http://127.0.0.1:{helpers.free_port()}"
+        stay = {
+            "generation": 2,
+            "partitions": PARTITIONS,
+            "replicas": 2,
+            "assignment": [0, 0, 1, 0],
+        }
         cases = [
             (
                 _call("PUT", f"{b}/internal/partitions/{PARTITIONS}/import", good),
@@ -346,9 +369,22 @@ def test_bad_hand_off_requests_are_refused_and_change_nothing(
             (httpx.put(f"{url}/import", json=good), 403, "FORBIDDEN"),
             (httpx.get(f"{url}/export", headers={"authorization": "Bearer no"}), 403, "FORBIDDEN"),
             (httpx.delete(url), 403, "FORBIDDEN"),
+            (_call("POST", f"{url}/prefetch", {"source": "nowhere"}), 400, "BAD_SOURCE"),
+            (_call("POST", f"{url}/prefetch", {"source": dead}), 502, "SOURCE_UNAVAILABLE"),
+            # a still serves it: no catch-up from it, and no pull into it
+            (_call("POST", f"{url}/catch-up", {"source": a}), 409, "SOURCE_SERVING"),
+            (
+                _call("POST", f"{a}/internal/partitions/{MOVED}/prefetch", {"source": b}),
+                409,
+                "PARTITION_SERVED",
+            ),
+            # a pause must take the partition from the instance paused
+            (_call("POST", f"{a}/internal/partitions/{MOVED}/pause", stay), 400, "NOT_A_MOVE"),
+            (_call("POST", f"{url}/pause", {"generation": 2}), 400, "BAD_ASSIGNMENT"),
         ]
         for response, status, code in cases:
             assert (response.status_code, response.json()["error"]) == (status, code), response.text
         assert (_digest(a, MOVED), _digest(b, MOVED), _serving(a, b)) == before
+        assert _ok(_call("GET", f"{a}/internal/ownership"))["generation"] == 1
         # The same import twice gives the same state (idempotent).
         assert _import(b, good)["digest"] == good["digest"] == _import(b, good)["digest"]

@@ -127,15 +127,25 @@ def collect(
 def install(journal: QueueJournal, store: StoreLog, state: PartitionState) -> tuple[int, int]:
     """Make the partition's queues on this journal and store exactly `state`'s, and its mark
     `state.mark` ("" forgets where reading was); returns (journal lsn, store seq) to wait
-    durable for. Queues of the partition held here and absent from `state` are deleted; the
-    others are rebuilt from scratch."""
+    durable for. Queues of the partition held here and absent from `state` are deleted; a queue
+    held here exactly as in `state` (its digest) is left as it is, any other is rebuilt from
+    scratch: a catch-up after a prefetch rewrites only the queues changed in between."""
+    held = collect(journal, store, state.partition, state.partitions)
+    same = {_queue_digest(q) for q in held.queues} & {_queue_digest(q) for q in state.queues}
+    wanted = {q.record.recipient_id for q in state.queues}
     seq = 0
-    for queue_id in queue_ids(store, state.partition, state.partitions):
-        journal.delete(queue_id)
-        seq = store.delete(queue_id)
+    dropped = set()
+    for queue in held.queues:
+        if queue.record.recipient_id not in wanted or _queue_digest(queue) not in same:
+            journal.delete(queue.record.recipient_id)
+            seq = store.delete(queue.record.recipient_id)
+            dropped.add(queue.record.recipient_id)
     for queue in state.queues:
+        if _queue_digest(queue) in same:
+            continue
         queue_id = queue.record.recipient_id
-        journal.delete(queue_id)  # a folder the store did not know (nothing, most times)
+        if queue_id not in dropped:
+            journal.delete(queue_id)  # a folder the store did not know (nothing, most times)
         seq = store.new(queue.record)
         for m in queue.messages:
             if m.quota:
