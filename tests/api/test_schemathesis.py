@@ -63,6 +63,7 @@ def test_no_input_gets_a_server_error_and_fuzzing_changes_no_queue(
         "POST /v1/queues/{recipient_id}/suspend",
         "DELETE /v1/queues/{recipient_id}",
         "POST /admin/dump",
+        "POST /admin/export",
         "POST /v1/ds/{db}/messages",
         "GET /v1/ds/{db}/streams",
         "POST /v1/ds/{db}/iterators",

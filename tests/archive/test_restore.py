@@ -1,6 +1,7 @@
 """Restore from a rebuild into new data dirs through the engines: exported again, the restored
-state equals the rebuild (split over two queue-writers by partition), the journal marks are
-the cut, and a used data dir or a bad ordinal is refused before anything is written."""
+state equals the rebuild (split over two queue-writers by partition; retained messages and
+durable streams, `$` topics included, split over two retainers), the journal marks are the
+cut, and a used data dir or a bad ordinal is refused before anything is written."""
 
 from __future__ import annotations
 
@@ -23,7 +24,12 @@ AT_MS = 1_700_000_000_000 + 86_400_000
 def rebuilt(tmp_path: Path) -> tuple[Path, tables.Cut]:
     store = LocalStore(tmp_path / "archive")
     made = synthetic.make(
-        store, commands=1500, partitions=PARTITIONS, unanswered_every=50, retained=30
+        store,
+        commands=1500,
+        partitions=PARTITIONS,
+        unanswered_every=50,
+        retained=30,
+        streams=40,
     )
     cut = tables.Cut(synthetic.EPOCH, AT_MS, made.commands)
     jobs.rebuild_python(store, cut, tmp_path / "rebuilt")
@@ -52,14 +58,24 @@ def test_restored_data_dirs_export_to_the_rebuild(
         finally:
             journal.close()
     assert marks == cut.offsets
-    retained = restore.restore_retainer(folder, tmp_path / "retainer-0", 0, 1)
-    assert retained.retained == 15
-    export.export_retainer(tmp_path / "retainer-0", out, "retainer-0")
-    names = ("queues", "messages", "retained", "uncertain")
+    restored = [
+        restore.restore_retainer(folder, tmp_path / f"retainer-{k}", k, 2, stream_shards=2)
+        for k in range(2)
+    ]
+    assert sum(r.retained for r in restored) == 15
+    for k in range(2):
+        export.export_retainer(tmp_path / f"retainer-{k}", out, f"retainer-{k}")
+    names = ("queues", "messages", "retained", "streams", "uncertain")
     mine = {n: tables.read_table(folder, n) for n in names}
     theirs = {n: tables.read_table(out, n) for n in names}
     assert verify.compare(mine, theirs, AT_MS) == []
     assert theirs["messages"].num_rows == mine["messages"].num_rows
+    # 40 writes of 2 messages (all answered: one in 50 is not), a fifth on a `$` topic.
+    assert sum(r.streams for r in restored) == mine["streams"].num_rows == 80
+    assert all(r.streams > 0 for r in restored)
+    topics = theirs["streams"].column("topic").to_pylist()
+    assert topics.count("$ops/log") == mine["streams"].column("topic").to_pylist().count("$ops/log")
+    assert "$ops/log" in topics
 
 
 def test_a_used_data_dir_or_a_bad_ordinal_is_refused(
@@ -77,3 +93,12 @@ def test_a_used_data_dir_or_a_bad_ordinal_is_refused(
     assert not (tmp_path / "new").exists()
     with pytest.raises(restore.RestoreError, match="not a rebuild"):
         restore.restore_queue_writer(tmp_path, tmp_path / "new", 0, 1, PARTITIONS)
+    streams = tmp_path / "retainer-used"
+    (streams / "streams").mkdir(parents=True)
+    (streams / "streams" / "site.json").write_text("{}")
+    with pytest.raises(restore.RestoreError, match="not empty"):
+        restore.restore_retainer(folder, streams, 0, 1)
+    with pytest.raises(restore.RestoreError, match="stream shards"):
+        restore.restore_retainer(folder, tmp_path / "new", 0, 1, stream_shards=0)
+    assert not (tmp_path / "new").exists()
+    assert not (streams / "retained").exists()

@@ -72,8 +72,8 @@ def test_every_service_renders_with_secure_bounded_pods() -> None:
     assert set(rendered) == SERVICES
     for service, spec in rendered.items():
         assert spec["securityContext"]["runAsNonRoot"] is True
-        # The ingress's preStop drain (10 s) comes before the services' own 10 s.
-        assert spec["terminationGracePeriodSeconds"] == (20 if service == "ingress" else 10)
+        # The ingress's lame duck (10 s unready, 15 s to close WebSockets) comes first.
+        assert spec["terminationGracePeriodSeconds"] == (36 if service == "ingress" else 10)
         (container,) = spec["containers"]
         assert container["image"] == f"relay-{service}:0.1.0"
         assert container["securityContext"]["readOnlyRootFilesystem"] is True
@@ -335,15 +335,18 @@ def test_each_stateful_service_gets_a_disruption_budget_by_default() -> None:
     ]
 
 
-def test_the_ingress_drains_before_it_stops() -> None:
-    spec = dict(pods(render({"ingress": {"enabled": True, "replicas": 2, "preStopSeconds": 15}})))[
-        "ingress"
-    ]
-    container = spec["containers"][0]
-    assert container["lifecycle"]["preStop"]["exec"]["command"] == ["/bin/sleep", "15"]
-    assert spec["terminationGracePeriodSeconds"] == 25
+def test_the_ingress_is_a_lame_duck_before_it_stops() -> None:
+    values = {
+        "ingress": {"enabled": True, "replicas": 2, "preStopSeconds": 15, "wsCloseSeconds": 5}
+    }
+    spec = dict(pods(render(values)))["ingress"]
+    env = {e["name"]: e.get("value") for e in spec["containers"][0]["env"]}
+    assert env["RELAY_LAME_DUCK_UNREADY_S"] == "15"
+    assert env["RELAY_LAME_DUCK_S"] == "21"
+    # The grace covers the lame duck and the services' own 8 s drain.
+    assert spec["terminationGracePeriodSeconds"] == 31
     others = [s for name, s in pods(render()) if name != "ingress"]
-    assert all("lifecycle" not in s["containers"][0] for s in others)
+    assert all("RELAY_LAME_DUCK_S" not in str(s["containers"][0]["env"]) for s in others)
 
 
 def test_the_service_monitor_is_opt_in() -> None:

@@ -126,7 +126,14 @@ def test_a_cluster_gets_its_defaults_and_its_partitions_never_change(served: kub
             {"pool": "p", "partition": 1, "fromOrdinal": 1, "toOrdinal": 1, "generation": 2},
             "must differ",
         ),
-        ("RelayDsStorage", {"database": "messages"}, "exactly one of sites and replicationFactor"),
+        ("RelayDsStorage", {"database": "messages"}, "exactly one of sites, pods and replication"),
+        (
+            "RelayDsStorage",
+            {"database": "messages", "pods": ["relay-retainer-0"], "replicationFactor": 1},
+            "exactly one",
+        ),
+        ("RelayDsStorage", {"database": "messages", "pods": ["r-0", "r-0"]}, "named once"),
+        ("RelayDsStorage", {"database": "messages", "pods": ["Not_A_Pod"]}, "does not match"),
         (
             "RelayDsStorage",
             {"database": "messages", "sites": [SITE], "replicationFactor": 1},

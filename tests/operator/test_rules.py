@@ -238,6 +238,23 @@ def test_explicit_sites_are_the_target_as_given() -> None:
     assert dsreplicas.target(spec, INFO) == ["000000000000000b", "000000000000000a"]
 
 
+def test_pods_are_the_sites_they_host_now_and_an_unknown_pod_resolves_nothing() -> None:
+    info = {
+        "sites": [
+            {"site": "000000000000000a", "node": "relay-retainer-0", "up": False},  # old volume
+            {"site": "000000000000000e", "node": "relay-retainer-0", "up": True},  # replaced
+            {"site": "000000000000000b", "node": "relay-retainer-1", "up": True},
+        ]
+    }
+    spec = {"database": "messages", "pods": ["relay-retainer-1", "relay-retainer-0"]}
+    assert dsreplicas.target(spec, info) == ["000000000000000b", "000000000000000e"]
+    with pytest.raises(dsreplicas.Unresolved, match="relay-retainer-2"):
+        dsreplicas.target({**spec, "pods": ["relay-retainer-0", "relay-retainer-2"]}, info)
+    down = {"sites": [{"site": "000000000000000a", "node": "relay-retainer-0", "up": False}]}
+    with pytest.raises(dsreplicas.Unresolved, match="none up"):
+        dsreplicas.target({**spec, "pods": ["relay-retainer-0"]}, down)
+
+
 def test_a_replication_factor_keeps_live_replicas_then_adds_sites_in_id_order() -> None:
     spec = {"database": "messages", "replicationFactor": 2}
     # d is a live replica (kept); b is down (dropped); a is the first other up site.

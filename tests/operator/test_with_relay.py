@@ -208,3 +208,22 @@ def test_a_ds_storage_is_put_to_relay_and_a_400_becomes_a_condition(
         operator=op,
     )
     assert relay.sent("PUT", "/ds/storages/messages/replicas")[2] == sites
+
+    # By pods: the site the named retainer hosts (its node is its instance under relayctl).
+    api.patch(
+        f"/apis/relay.dev/v1alpha1/namespaces/{NAMESPACE}/relaydsstorages/messages",
+        {"spec": {"replicationFactor": None, "pods": ["retainer-9"]}},
+    )
+    wait_for("the unknown pod", lambda: reconciled().get("reason") == "UnknownPods", operator=op)
+    assert "retainer-9" in reconciled()["message"]
+    assert len(relay.sent("PUT", "/ds/storages/messages/replicas")) == 3  # nothing sent
+    api.patch(
+        f"/apis/relay.dev/v1alpha1/namespaces/{NAMESPACE}/relaydsstorages/messages",
+        {"spec": {"pods": ["retainer-0"]}},
+    )
+    wait_for(
+        "the PUT for the pod",
+        lambda: len(relay.sent("PUT", "/ds/storages/messages/replicas")) == 4,
+        operator=op,
+    )
+    assert relay.sent("PUT", "/ds/storages/messages/replicas")[3] == sites

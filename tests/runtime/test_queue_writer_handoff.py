@@ -39,6 +39,8 @@ AUTH = {"authorization": f"Bearer {TOKEN}"}
 PARTITIONS = 4
 MOVED = 1
 SEND_INTERVAL_S = 0.02
+LOAD_QUEUES = 4
+PER_QUEUE = 120
 
 
 def _env(kafka: helpers.Kafka, data_dir: Path, ordinal: int) -> dict[str, str]:
@@ -173,15 +175,16 @@ def move(
 
 @dataclass
 class Load:
-    """SEND commands for one queue on its partition, one every `SEND_INTERVAL_S` until
-    stopped, each with its own body (its rank); replies collected from the inbox by id."""
+    """SEND commands for `LOAD_QUEUES` queues on one partition, in turn, one every
+    `SEND_INTERVAL_S` until stopped (or `PER_QUEUE` sends each: below the quota of 128
+    messages a queue), each with its own body (its rank); replies read from the inbox by id."""
 
     kafka: helpers.Kafka
     origin: str = field(default_factory=lambda: f"handoff-{uuid.uuid4().hex[:8]}")
-    queue: str = ""
-    sender: str = ""
-    sent: list[tuple[str, str]] = field(default_factory=list)
-    """(command id, body) in the order put on Kafka."""
+    queues: list[tuple[str, str]] = field(default_factory=list)
+    """(recipient id, sender id) of each queue."""
+    sent: list[tuple[str, str, str]] = field(default_factory=list)
+    """(command id, queue, body) in the order put on Kafka."""
     replies: dict[str, schemas.QueueReply] = field(default_factory=dict)
     stop: threading.Event = field(default_factory=threading.Event)
     created: threading.Event = field(default_factory=threading.Event)
@@ -189,11 +192,10 @@ class Load:
     error: BaseException | None = None
 
     def start(self, partition: int) -> None:
-        while True:
+        while len(self.queues) < LOAD_QUEUES:
             queue, sender = ids.new_queue_ids(PARTITIONS)
             if ids.partition_of(queue, PARTITIONS) == partition:
-                break
-        self.queue, self.sender = queue, sender
+                self.queues.append((queue, sender))
         threading.Thread(target=self._thread, args=(partition,), daemon=True).start()
         assert self.created.wait(60), self.error
 
@@ -229,29 +231,31 @@ class Load:
                 .public_key()
                 .public_bytes(Encoding.Raw, PublicFormat.Raw)
             )
-            create = schemas.CreateQueue(
-                **self._request(), queue=self.queue, sender=self.sender, recipient_key=ids.b64u(key)
-            )
-            await producer.send_and_wait(commands, schemas.encode(create), partition=partition)
-            while create.id not in self.replies:
-                await asyncio.sleep(0.05)
-            assert self.replies[create.id].status == 201, self.replies[create.id]
+            for queue, sender in self.queues:
+                create = schemas.CreateQueue(
+                    **self._request(), queue=queue, sender=sender, recipient_key=ids.b64u(key)
+                )
+                await producer.send_and_wait(commands, schemas.encode(create), partition=partition)
+                while create.id not in self.replies:
+                    await asyncio.sleep(0.05)
+                assert self.replies[create.id].status == 201, self.replies[create.id]
             self.created.set()
             rank = 0
-            while not self.stop.is_set():
+            while not self.stop.is_set() and rank < LOAD_QUEUES * PER_QUEUE:
+                queue, sender = self.queues[rank % LOAD_QUEUES]
                 body = f"m{rank:06d}"
                 send = schemas.SendMessage(
                     **self._request(),
-                    sender=self.sender,
+                    sender=sender,
                     msg_id=ids.new_id(),
                     body=ids.b64u(body.encode()),
                 )
                 await producer.send_and_wait(commands, schemas.encode(send), partition=partition)
-                self.sent.append((send.id, body))
+                self.sent.append((send.id, queue, body))
                 rank += 1
                 await asyncio.sleep(SEND_INTERVAL_S)
             deadline = time.monotonic() + 60
-            while any(i not in self.replies for i, _ in self.sent):
+            while any(i not in self.replies for i, _, _ in self.sent):
                 assert time.monotonic() < deadline, "replies missing"
                 await asyncio.sleep(0.05)
         finally:
@@ -269,18 +273,26 @@ class Load:
                     if isinstance(record, schemas.QueueReply) and record.origin == self.origin:
                         self.replies[record.id] = record
 
-    def finish(self) -> list[str]:
-        """Stop sending, wait for every reply; the bodies acknowledged (201), in send order."""
+    def finish(self) -> dict[str, list[str]]:
+        """Stop sending, wait for every reply; each queue's bodies acknowledged (201), in
+        send order."""
         self.stop.set()
         assert self.done.wait(90)
         assert self.error is None, repr(self.error)
-        return [body for i, body in self.sent if self.replies[i].status == 201]
+        acknowledged: dict[str, list[str]] = {queue: [] for queue, _ in self.queues}
+        for i, queue, body in self.sent:
+            if self.replies[i].status == 201:
+                acknowledged[queue].append(body)
+        return acknowledged
+
+    def still_sending(self) -> bool:
+        return not self.done.is_set()
 
 
-def _bodies(url: str, partition: int, queue: str) -> list[str]:
+def _bodies(url: str, partition: int) -> dict[str, list[str]]:
+    """Each queue's message bodies on the partition at `url`, in order."""
     state = ps.from_json(_export(url, partition))
-    (held,) = [q for q in state.queues if q.record.recipient_id == queue]
-    return [m.body.decode() for m in held.messages]
+    return {q.record.recipient_id: [m.body.decode() for m in q.messages] for q in state.queues}
 
 
 def test_a_partition_moves_from_one_instance_to_two_under_load(
@@ -292,6 +304,7 @@ def test_a_partition_moves_from_one_instance_to_two_under_load(
         load.start(MOVED)
         time.sleep(1.0)
         moved = move(a, b, MOVED, [0, 0, 0, 0], generation=2)
+        assert load.still_sending()  # the move happened under the load
         steps = ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in moved.steps_s.items())
         print(
             f"\nmove 1->2 of partition {MOVED}: pause {moved.pause_s * 1000:.0f} ms ({steps}), "
@@ -303,9 +316,9 @@ def test_a_partition_moves_from_one_instance_to_two_under_load(
         acknowledged = load.finish()
 
         assert _serving(a, b) == [[0, 2, 3], [1]]
-        assert len(acknowledged) == len(load.sent) > 20  # every send answered 201
+        assert sum(map(len, acknowledged.values())) == len(load.sent) > 20  # every one 201
         # Every acknowledged message is on the target, in the order sent, and nothing else.
-        assert _bodies(b, MOVED, load.queue) == acknowledged
+        assert _bodies(b, MOVED) == acknowledged
         # The source forgot its copy (release): the empty partition's digest.
         assert _digest(a, MOVED) == ps.digest(ps.empty(MOVED, PARTITIONS))
 
@@ -318,6 +331,7 @@ def test_a_pause_past_its_budget_rolls_back_and_the_source_serves_again(
         load.start(MOVED)
         time.sleep(0.5)
         moved = move(a, b, MOVED, [0, 0, 0, 0], generation=2, budget_s=0.0)
+        assert load.still_sending()
         print(f"\nrolled back move of partition {MOVED}: pause {moved.pause_s * 1000:.0f} ms")
         assert not moved.committed
         time.sleep(1.0)
@@ -325,8 +339,8 @@ def test_a_pause_past_its_budget_rolls_back_and_the_source_serves_again(
 
         assert _serving(a, b) == [[0, 1, 2, 3], []]
         assert _ok(_call("GET", f"{b}/internal/ownership"))["generation"] == 3
-        assert len(acknowledged) == len(load.sent) > 10
-        assert _bodies(a, MOVED, load.queue) == acknowledged
+        assert sum(map(len, acknowledged.values())) == len(load.sent) > 10
+        assert _bodies(a, MOVED) == acknowledged
         assert _digest(b, MOVED) == ps.digest(ps.empty(MOVED, PARTITIONS))
 
 

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import SparkSession
 
-from relay_archive import export, layout, rows, tables, verify, writer
+from relay_archive import export, layout, reader, rows, tables, verify, writer
 from relay_archive.store import LocalStore
 from relay_bus import topics
 from relay_spark import jobs, main
@@ -286,3 +286,51 @@ def test_tables_round_trip_through_parquet(tmp_path: Path) -> None:
     assert tables.read_table(tmp_path, "messages").to_pylist() == [row]
     assert tables.read_table(tmp_path, "queues").num_rows == 0
     assert isinstance(tables.read_table(tmp_path, "queues"), pa.Table)
+
+
+def test_a_bounded_publications_cut_makes_its_window_uncertain(
+    spark: SparkSession,
+    archive: tuple[LocalStore, synthetic.Made],
+    tmp_path: Path,
+) -> None:
+    """An online export's retainer cut (`tables.Cut.publications*`): publications before the
+    lower bound are replayed with their replies, those in the window count as unanswered,
+    those past the upper bound are left out; Spark and the plain replay agree."""
+    store, made = archive
+    ends = reader.resume_points(store, synthetic.EPOCH, topics.PUBLICATIONS)
+    lower = {p: end // 3 for p, end in ends.items()}
+    upper = {p: 2 * end // 3 for p, end in ends.items()}
+    cut = tables.Cut(synthetic.EPOCH, AT_MS, made.commands, lower, upper)
+    assert tables.Cut.from_json(cut.to_json()) == cut
+    spark_counts = jobs.rebuild(spark, store, cut, tmp_path / "spark")
+    python_counts = jobs.rebuild_python(store, cut, tmp_path / "python")
+    assert spark_counts == python_counts
+    for name in ("retained", "streams", "uncertain"):
+        assert _sorted(tmp_path / "spark", name) == _sorted(tmp_path / "python", name), name
+    streams = tables.read_table(tmp_path / "python", "streams").to_pylist()
+    assert streams
+    assert all(r["offset"] < lower[r["partition"]] for r in streams)
+    window = [
+        r
+        for r in tables.read_table(tmp_path / "python", "uncertain").to_pylist()
+        if r["op"] in ("stream", "retain")
+    ]
+    assert window
+    assert all(lower[r["partition"]] <= r["offset"] < upper[r["partition"]] for r in window)
+    assert len(streams) < 2 * 30
+
+
+def test_an_export_that_names_no_epoch_takes_the_archives_only_one(
+    archive: tuple[LocalStore, synthetic.Made], tmp_path: Path
+) -> None:
+    """An offline export of queue-writers that never applied a command has no marks, so no
+    epoch: the rebuild takes the archive's (there is one), every command partition cut at 0."""
+    store, _ = archive
+    out = tmp_path / "export"
+    tables.write_table(out, "queues", [], "queue-writer-0")
+    idle = tables.Cut("", AT_MS, {})
+    (out / export.CUT_FILE.format(name="queue-writer-0")).write_text(idle.to_json())
+    export.write_manifest(out, AT_MS)
+    assert export.read_cut(out, AT_MS).epoch == ""
+    cut = main._cut(store, out, None)
+    assert (cut.epoch, cut.at_ms, cut.offsets) == (synthetic.EPOCH, AT_MS, {})

@@ -79,6 +79,25 @@ def test_replay_returns_matching_messages_in_time_order(store: StreamStore) -> N
     )
 
 
+@pytest.mark.parametrize("layout", ["lts/1", "reference/1"])
+def test_every_message_includes_dollar_topics_that_hash_does_not_match(
+    store: StreamStore, layout: str
+) -> None:
+    db = store.open_db("m", DbSettings(shards=2, layout=layout))
+    batch = [
+        Message(topic, b"%d" % i, 1_000 + i)
+        for i, topic in enumerate(["a/b", "$SYS/x", "$share/q/r", "c", "$x"] * 7)
+    ]
+    db.store_batch(batch)
+    db.add_generation()  # a closed generation's messages count too
+    later = msgs("$SYS/late", 3, 9_000) + msgs("d/e", 2, 9_000)
+    db.store_batch(later)
+    assert sorted(replay(db, "#")) == sorted(m for m in batch + later if m.topic[0] != "$")
+    pages = list(store.every_message("m", page=4))
+    assert all(0 < len(page) <= 4 for page in pages)
+    assert sorted(m for page in pages for m in page) == sorted(batch + later)
+
+
 def test_iterators_and_streams_resume_after_a_restart(store: StreamStore) -> None:
     db = store.open_db("m", DbSettings(shards=2))
     db.store_batch(msgs("a/b", 100))

@@ -1,7 +1,9 @@
 """Disaster recovery end to end (issue 22): a queue-writer's data dir is lost; the archive is
 rebuilt, the data dir restored from it (`relayctl rebuild`, `relayctl restore`), the suite
 started again: every acknowledged, unacknowledged-by-the-recipient message is delivered, new
-commands go on from Kafka, and verify finds the live state clean."""
+commands go on from Kafka, and verify finds the live state clean. Likewise a retainer's data
+dir: its retained messages and its durable streams (a `$` topic among them) come back, read
+through the API, and new writes go on."""
 
 from __future__ import annotations
 
@@ -14,7 +16,8 @@ import httpx
 import pytest
 
 from tests import helpers
-from tests.api.client import Recipient
+from tests.api.client import Recipient, b64u
+from tests.api.test_ds import replay
 from tests.suite.test_archive_verify import _caught_up, relayctl
 
 pytestmark = pytest.mark.suite
@@ -111,3 +114,70 @@ def test_a_lost_queue_writer_is_rebuilt_restored_and_delivers_everything(tmp_pat
     )
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert json.loads((out / "report" / "report.json").read_text())["verdict"] == "clean"
+
+
+def _verify_clean(tmp_path: Path, d: str) -> None:
+    out = tmp_path / "check"
+    assert relayctl("export", "--data-dir", d, "--out", str(out / "export")).returncode == 0
+    rebuild = ["rebuild", "--data-dir", d, "--export", str(out / "export")]
+    done = relayctl(*rebuild, "--out", str(out / "rebuilt"), "--engine", "python")
+    assert done.returncode == 0, done.stderr[-3000:]
+    done = relayctl(
+        "verify",
+        "--data-dir",
+        d,
+        "--export",
+        str(out / "export"),
+        "--rebuilt",
+        str(out / "rebuilt"),
+        "--report",
+        str(out / "report"),
+        "--engine",
+        "python",
+    )
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert json.loads((out / "report" / "report.json").read_text())["verdict"] == "clean"
+
+
+def test_a_lost_retainer_gets_its_retained_messages_and_streams_back(tmp_path: Path) -> None:
+    written: list[tuple[str, str]] = []
+    with helpers.suite(tmp_path, "--port", "0", **FAST) as running:
+        with httpx.Client(base_url=running.state.ingress_url, timeout=20) as http:
+            for i in range(12):
+                topic = "$ops/log" if i % 4 == 0 else f"log/{i % 3}"
+                payload = b64u(b"before the loss %d" % i)
+                write = [{"topic": topic, "payload": payload}]
+                assert http.post("/v1/ds/messages/messages", json=write).status_code == 201
+                written.append((topic, payload))
+            for n in range(5):
+                body = {"topic": f"dev/{n}/state", "payload": b64u(b"on"), "retain": True}
+                assert http.post("/v1/publish", json=body).status_code == 202
+        _caught_up(running.data_dir)
+        _stop(running)
+    data_dir = running.data_dir
+    d = str(data_dir)
+    shutil.rmtree(data_dir / "retainer-0")  # the volume is gone
+
+    rebuilt = tmp_path / "rebuilt"
+    done = relayctl("rebuild", "--data-dir", d, "--out", str(rebuilt), "--engine", "python")
+    assert done.returncode == 0, done.stderr[-3000:]
+    target = str(data_dir / "retainer-0")
+    done = relayctl(
+        "restore", "retainer", "--from", str(rebuilt), "--ordinal", "0", "--data-dir", target
+    )
+    assert done.returncode == 0, done.stderr
+    assert "restored 5 retained messages, 12 durable-stream messages" in done.stdout
+
+    with helpers.suite(tmp_path, "--port", "0", **FAST) as running:
+        with httpx.Client(base_url=running.state.ingress_url, timeout=20) as http:
+            after = [{"topic": "log/0", "payload": b64u(b"after the restore")}]
+            assert http.post("/v1/ds/messages/messages", json=after).status_code == 201
+            found = replay(http, "#") + replay(http, "$ops/#")
+            held = sorted((m["topic"], m["payload"]) for m in found)
+            assert held == sorted([*written, ("log/0", b64u(b"after the restore"))])
+            retained = http.get("/v1/retained", params={"filter": "dev/#"})
+            assert retained.status_code == 200, retained.text
+            assert len(retained.json()["messages"]) == 5
+        _caught_up(running.data_dir)
+        _stop(running)
+    _verify_clean(tmp_path, d)

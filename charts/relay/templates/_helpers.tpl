@@ -72,7 +72,7 @@ values), stateful (bool), replicas (the rendered count, stateful only).
 */}}
 {{- define "relay.podSpec" -}}
 {{- $ingress := eq .service "ingress" -}}
-terminationGracePeriodSeconds: {{ if $ingress }}{{ add 10 .values.preStopSeconds }}{{ else }}10{{ end }}
+terminationGracePeriodSeconds: {{ if $ingress }}{{ add 11 .values.preStopSeconds .values.wsCloseSeconds }}{{ else }}10{{ end }}
 automountServiceAccountToken: false
 securityContext:
   runAsNonRoot: true
@@ -121,6 +121,12 @@ containers:
       - {name: RELAY_DATA__DIR, value: /data}
       - {name: RELAY_DATA__REPLICAS, value: {{ .replicas | quote }}}
       {{- end }}
+      {{- if $ingress }}
+      # Lame duck on SIGTERM: unready but serving for preStopSeconds (the endpoint removal
+      # spreads), then WebSockets closed at a bounded rate within wsCloseSeconds, then the drain.
+      - {name: RELAY_LAME_DUCK_UNREADY_S, value: {{ .values.preStopSeconds | quote }}}
+      - {name: RELAY_LAME_DUCK_S, value: {{ add 1 .values.preStopSeconds .values.wsCloseSeconds | quote }}}
+      {{- end }}
       {{- if eq .service "replicator" }}
       # Every replicator's address on the headless service: each learns the others' site ids.
       - {name: RELAY_KV__PEERS, value: {{ include "relay.replicatorUrls" .root | quote }}}
@@ -129,13 +135,6 @@ containers:
       # The replicators hold the /ds replica-set targets: read at start and every 10 s.
       - {name: RELAY_RETAINED__REPLICATORS, value: {{ include "relay.replicatorUrls" .root | quote }}}
       {{- end }}
-    {{- if $ingress }}
-    lifecycle:
-      # The ingress has no lame-duck mode: keep serving while the endpoint removal spreads,
-      # then SIGTERM drains in-flight requests within the remaining 10 s.
-      preStop:
-        exec: {command: ["/bin/sleep", {{ .values.preStopSeconds | quote }}]}
-    {{- end }}
     startupProbe:
       httpGet: {path: /healthz, port: http}
       periodSeconds: 2

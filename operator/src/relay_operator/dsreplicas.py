@@ -1,8 +1,11 @@
 """A RelayDsStorage's replica set: the target to PUT, and the status mirrored from `/ds/info`.
 
 Invariant: the target is a pure function of the spec and what Relay reports (explicit `sites`
-as given; `replicationFactor` keeps the current replicas whose site is up, in id order, then adds
-up sites in id order), so reconciling twice in a row PUTs the same list and is idempotent; a
+as given; `pods` the site each named pod hosts now, the one that is up, so a pod whose volume
+was replaced is followed to its new site; `replicationFactor` keeps the current replicas whose
+site is up, in id order, then adds up sites in id order), so reconciling twice in a row PUTs
+the same list and is idempotent; a pod that hosts no site that is up is `Unresolved` (nothing
+is PUT, the condition names it); a
 400 from Relay is a refusal of this spec, shown in the Reconciled condition with the server's
 own message, and is not retried until the spec changes. Pure.
 """
@@ -16,10 +19,23 @@ from relay_operator import conditions
 RECONCILED = "Reconciled"
 
 
+class Unresolved(ValueError):
+    """A spec naming pods that host no site that is up."""
+
+
 def target(spec: dict[str, Any], info: dict[str, Any]) -> list[str]:
     """The replica set `spec` asks for, given `GET /ds/info` (`info`)."""
     if spec.get("sites"):
         return list(spec["sites"])
+    if spec.get("pods"):
+        hosted = {s["node"]: s["site"] for s in info.get("sites", []) if s.get("up")}
+        missing = [pod for pod in spec["pods"] if pod not in hosted]
+        if missing:
+            raise Unresolved(
+                f"pod(s) {', '.join(missing)} host no site that is up (GET /ds/sites: "
+                f"{', '.join(sorted(hosted)) or 'none up'})"
+            )
+        return sorted(hosted[pod] for pod in spec["pods"])
     factor = int(spec["replicationFactor"])
     up = sorted(s["site"] for s in info.get("sites", []) if s.get("up"))
     current = sorted(set(replicas(info, spec["database"])) & set(up))
@@ -75,6 +91,10 @@ def accepted(wanted: list[str]) -> conditions.Condition:
     return conditions.Condition(
         RECONCILED, "True", "ReplicasSet", f"replica set {','.join(wanted)} accepted"
     )
+
+
+def unresolved(error: Unresolved) -> conditions.Condition:
+    return conditions.Condition(RECONCILED, "False", "UnknownPods", str(error))
 
 
 def unreachable(error: str) -> conditions.Condition:

@@ -379,7 +379,11 @@ async def _reconcile_storage(
             code, info = await admin.ds_info()
             if code != 200:
                 raise relay.Unreachable(f"GET /ds/info answered {code}: {info.get('detail')}")
-            wanted = dsreplicas.target(dict(spec), info)
+            try:
+                wanted = dsreplicas.target(dict(spec), info)
+            except dsreplicas.Unresolved as error:  # the pods may come up: looked at again
+                _set(patch, status, dsreplicas.unresolved(error))
+                return
             drifted = dsreplicas.replicas(info, database) != sorted(wanted)
             refused_before = (
                 conditions.find(status.get("conditions"), dsreplicas.RECONCILED) or {}

@@ -19,6 +19,7 @@ wrong, nothing written).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -47,7 +48,13 @@ def _cut(store: ArchiveStore, export_dir: Path | None, epoch: str | None) -> tab
     each command partition up to its resume point."""
     try:
         if export_dir is not None:
-            return export.read_cut(export_dir, export.read_manifest(export_dir))
+            cut = export.read_cut(export_dir, export.read_manifest(export_dir))
+            if cut.epoch:
+                return cut
+            known = reader.epochs(store)
+            if len(known) != 1:
+                _fail(f"{export_dir}: no part names an epoch, and the archive holds {known}")
+            return dataclasses.replace(cut, epoch=known[0])
     except export.ExportError as error:
         _fail(str(error))
     known = reader.epochs(store)

@@ -2,8 +2,11 @@
 `relayctl restore`: the Kafka archive of a local suite, the Spark jobs over it, and a data dir
 written back from a rebuild (`relay_archive.restore`, through the engines).
 
-`export` reads stopped queue-writer and retainer data dirs through their engines (the online
-`POST /admin/export` is not built yet), so it refuses while the suite runs from that data dir.
+`export` reads stopped queue-writer and retainer data dirs through their engines, so it refuses
+while the suite runs from that data dir; `export --online` asks the running suite instead
+(`POST /admin/export`: every queue-writer and retainer writes its part under its data dir, at
+its own cut, while writes go on; relayctl then copies the parts of the local suite into
+`--out`).
 `rebuild` and `verify` run `relay-spark` (spark-jobs/) as a child process, so relayctl never
 loads Spark itself; their exit codes are the job's (verify: 0 clean, 1 differences, 2 gaps).
 
@@ -14,6 +17,7 @@ stderr and exit 2 (`typer`'s usage code) or 1, and nothing is written.
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -27,7 +31,7 @@ from rich.table import Table
 
 from relay_archive import export, layout, reader, restore
 from relay_archive.store import CorruptArchiveFile, LocalStore
-from relayctl import processes, state
+from relayctl import calls, processes, state
 
 console = Console()
 archive_app = typer.Typer(help="The suite's Kafka archive.", no_args_is_help=True)
@@ -140,8 +144,17 @@ def register(app: typer.Typer) -> None:
 def export_command(
     out: Annotated[Path, typer.Option("--out", help="Folder to write the export to.")],
     data_dir: DataDir = Path("./var"),
+    online: Annotated[
+        bool,
+        typer.Option("--online", help="Ask the running suite (POST /admin/export); writers go on."),
+    ] = False,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for --online answers.")] = 120.0,
 ) -> None:
-    """Write the live state of every queue-writer and retainer data dir (suite stopped)."""
+    """Write the live state of every queue-writer and retainer data dir (suite stopped), or
+    with --online every running queue-writer's and retainer's, each at its own cut."""
+    if online:
+        _export_online(out, data_dir, timeout)
+        return
     running = state.read_state(data_dir)
     if running is not None and processes.pid_alive(running.pid):
         typer.echo(
@@ -168,6 +181,40 @@ def export_command(
         typer.echo(f"relayctl: export: {error}", err=True)
         raise typer.Exit(1) from None
     export.write_manifest(out, at_ms)
+
+
+def _copy_part(folder: str, out: Path) -> None:
+    """One owner's part into `out` (the local suite's pods share this filesystem; on a
+    cluster, copy each pod's `exports/<id>/` folder instead)."""
+    part = Path(folder)
+    for file in sorted(part.rglob("*")):
+        if file.is_file():
+            target = out / file.relative_to(part)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(file, target)
+
+
+def _export_online(out: Path, data_dir: Path, timeout: float) -> None:
+    params = {"timeout_s": str(timeout)}
+    report = calls.admin(data_dir, "POST", "/admin/export", "export", timeout + 5, params)
+    out.mkdir(parents=True, exist_ok=True)
+    for writer in report["writers"]:
+        _copy_part(writer["folder"], out)
+        typer.echo(
+            f"{writer['instance']}: {writer['queues']} queues, {writer['messages']} messages; "
+            f"commands waited at most {writer['longest_ms']:.2f} ms"
+        )
+    for retainer in report["retainers"]:
+        _copy_part(retainer["folder"], out)
+        typer.echo(
+            f"{retainer['instance']}: {retainer['retained']} retained, "
+            f"{retainer['streams']} stream messages; writes waited {retainer['pause_ms']:.2f} ms "
+            "for the checkpoints"
+        )
+    cut = report["cut"]
+    typer.echo(f"export {report['export']}: commands {cut['queue_commands']}")
+    typer.echo(f"publications from {cut['publications']} to {cut['publications_upto']}")
+    export.write_manifest(out, cut["at_ms"])
 
 
 def _spark(args: list[str]) -> int:
@@ -214,6 +261,12 @@ def restore_command(
     target: Annotated[Path, typer.Option("--data-dir", help="The new, empty data dir to write.")],
     replicas: Annotated[int, typer.Option(help="n, the number of instances.", min=1)] = 1,
     partitions: Annotated[int, typer.Option(help="Partitions of the keyed topics.", min=1)] = 8,
+    stream_shards: Annotated[
+        int,
+        typer.Option(
+            help="Shards of each restored stream database (RELAY_STREAMS__SHARDS).", min=1
+        ),
+    ] = 4,
 ) -> None:
     """Write a queue-writer's or retainer's data dir from a rebuild, with the marks that let it
     go on from Kafka; refuses a data dir that already holds stores."""
@@ -225,8 +278,11 @@ def restore_command(
                 f"({done.quota_markers_skipped} quota markers not restored); marks {done.marks}"
             )
         elif service == "retainer":
-            done = restore.restore_retainer(rebuilt, target, ordinal, replicas)
-            typer.echo(f"restored {done.retained} retained messages")
+            done = restore.restore_retainer(rebuilt, target, ordinal, replicas, stream_shards)
+            typer.echo(
+                f"restored {done.retained} retained messages, "
+                f"{done.streams} durable-stream messages"
+            )
         else:
             typer.echo(f"relayctl: restore: {service!r} is not queue-writer or retainer", err=True)
             raise typer.Exit(2)

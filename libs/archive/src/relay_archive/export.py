@@ -21,7 +21,9 @@ from pathlib import Path
 from relay_archive import tables
 from relay_durable import codec
 from relay_journal.journal import QueueJournal
+from relay_journal.records import Message
 from relay_journal.settings import JournalSettings
+from relay_storelog.records import QueueRecord
 from relay_storelog.store import StoreLog, StoreLogSettings
 from relay_streams.retained import RetainedStore
 from relay_streams.store import StreamStore
@@ -44,27 +46,13 @@ def export_queue_writer(data_dir: Path, out: Path, name: str, at_ms: int) -> tab
     try:
         store = StoreLog(StoreLogSettings(root=data_dir / "store"))
         try:
-            queues, messages = [], []
+            queues: list[dict[str, object]] = []
+            messages: list[dict[str, object]] = []
             for record in sorted(store.queues.values()):
-                queues.append(
-                    {
-                        "queue": record.recipient_id,
-                        "sender": record.sender_id,
-                        "recipient_key": record.recipient_key,
-                        "status": record.status,
-                    }
+                queues.append(queue_row(record))
+                messages.extend(
+                    message_rows(record.recipient_id, journal.messages(record.recipient_id))
                 )
-                for m in journal.messages(record.recipient_id):
-                    messages.append(
-                        {
-                            "queue": record.recipient_id,
-                            "msg_id": codec.b64u(m.msg_id),
-                            "ts": None if m.quota else m.ts_ms,
-                            "expires_ms": m.expires_ms or None,
-                            "body": codec.b64u(m.body),
-                            "quota": m.quota,
-                        }
-                    )
             marks = dict(journal.marks)
         finally:
             store.close()
@@ -79,10 +67,47 @@ def export_queue_writer(data_dir: Path, out: Path, name: str, at_ms: int) -> tab
     if len(epochs) > 1:
         raise ExportError(f"{data_dir}: marks of several broker epochs {sorted(epochs)}")
     cut = tables.Cut(epochs.pop() if epochs else "", at_ms, offsets)
+    write_queue_part(out, name, queues, messages, cut)
+    return cut
+
+
+def write_queue_part(
+    out: Path,
+    name: str,
+    queues: list[dict[str, object]],
+    messages: list[dict[str, object]],
+    cut: tables.Cut,
+) -> None:
+    """One queue-writer's part of an export: `<out>/queues/<name>.parquet`,
+    `<out>/messages/<name>.parquet` and `<out>/cut-<name>.json`."""
     tables.write_table(out, "queues", queues, name)
     tables.write_table(out, "messages", messages, name)
     (out / CUT_FILE.format(name=name)).write_text(cut.to_json())
-    return cut
+
+
+def queue_row(record: QueueRecord) -> dict[str, object]:
+    """A store-log queue record as a row of `tables.QUEUES`."""
+    return {
+        "queue": record.recipient_id,
+        "sender": record.sender_id,
+        "recipient_key": record.recipient_key,
+        "status": record.status,
+    }
+
+
+def message_rows(queue: str, messages: list[Message]) -> list[dict[str, object]]:
+    """A queue's journal messages as rows of `tables.MESSAGES` (a quota marker has no ts)."""
+    return [
+        {
+            "queue": queue,
+            "msg_id": codec.b64u(m.msg_id),
+            "ts": None if m.quota else m.ts_ms,
+            "expires_ms": m.expires_ms or None,
+            "body": codec.b64u(m.body),
+            "quota": m.quota,
+        }
+        for m in messages
+    ]
 
 
 def export_retainer(data_dir: Path, out: Path, name: str) -> int:
@@ -109,45 +134,75 @@ def export_retainer(data_dir: Path, out: Path, name: str) -> int:
 
 
 def stream_rows(root: Path) -> list[dict[str, object]]:
-    """Every message of every database of a stream store (`relay_streams`), through its
-    iterators. Topics whose first level starts with `$` are not matched by `#` (MQTT) and are
-    not exported."""
+    """Every message of every database of a stream store (`relay_streams`), read through the
+    store's unfiltered scan (`StreamStore.every_message`): topics whose first level starts
+    with `$`, which a subscription's `#` does not match (MQTT), are exported like any other."""
     store = StreamStore(root)
     rows: list[dict[str, object]] = []
     try:
         for db in store.list_dbs():
             store.open_db(db)
-            for ranked in store.get_streams(db, "#"):
-                iterator = store.make_iterator(db, ranked.stream, "#")
-                while True:
-                    page = store.next(db, iterator, PAGE)
-                    rows.extend(
-                        {"db": db, "topic": m.topic, "ts": m.ts, "payload": codec.b64u(m.payload)}
-                        for m in page.messages
-                    )
-                    if not page.messages:
-                        break
-                    iterator = page.iterator
+            for page in store.every_message(db, PAGE):
+                rows.extend(
+                    {"db": db, "topic": m.topic, "ts": m.ts, "payload": codec.b64u(m.payload)}
+                    for m in page
+                )
     finally:
         store.close()
     return rows
 
 
+PUBLICATIONS_CUT_FILE = "publications-{name}.json"
+
+
+def write_retainer_cut(out: Path, name: str, cut: tables.Cut) -> None:
+    """A retainer's bounded cut of the publications (`tables.Cut.publications*`)."""
+    (out / PUBLICATIONS_CUT_FILE.format(name=name)).write_text(cut.to_json())
+
+
 def read_cut(out: Path, at_ms: int) -> tables.Cut:
-    """The cut of a whole export: every queue-writer's offsets (one epoch), taken at `at_ms`."""
+    """The cut of a whole export, taken at `at_ms`: every queue-writer's command offsets and,
+    for an online export, every retainer's bounded publications cut (all of one epoch; the
+    epoch is "" when no part names one)."""
     epochs, offsets = set(), {}
+    lower: dict[int, int] | None = None
+    upper: dict[int, int] | None = None
     for path in sorted(out.glob(CUT_FILE.format(name="*"))):
         cut = tables.Cut.from_json(path.read_text())
         if cut.epoch:
             epochs.add(cut.epoch)
         offsets.update(cut.offsets or {})
-    if len(epochs) != 1:
+    for path in sorted(out.glob(PUBLICATIONS_CUT_FILE.format(name="*"))):
+        cut = tables.Cut.from_json(path.read_text())
+        epochs.add(cut.epoch)
+        lower = {**(lower or {}), **(cut.publications or {})}
+        upper = {**(upper or {}), **(cut.publications_upto or {})}
+    if len(epochs) > 1:
         raise ExportError(f"{out}: cuts name {len(epochs)} epochs ({sorted(epochs)}), need one")
-    return tables.Cut(epochs.pop(), at_ms, offsets)
+    # No epoch: no owner had applied a command (an offline export of idle queue-writers); the
+    # caller takes the archive's only epoch.
+    return tables.Cut(epochs.pop() if epochs else "", at_ms, offsets, lower, upper)
 
 
-def write_manifest(out: Path, at_ms: int) -> None:
-    (out / "export.json").write_text(json.dumps({"at_ms": at_ms, "layout": 1}))
+EVERY_TABLE = ("queues", "messages", "retained", "streams")
+
+
+def write_manifest(out: Path, at_ms: int, covers: tuple[str, ...] = EVERY_TABLE) -> None:
+    """`export.json`: when the export was taken and which tables it holds (verify compares
+    only those: a table an export does not hold is not a table of missing rows)."""
+    manifest = {"at_ms": at_ms, "layout": 1, "covers": list(covers)}
+    (out / "export.json").write_text(json.dumps(manifest))
+
+
+def covered(out: Path) -> tuple[str, ...]:
+    """The tables an export holds (every one for manifests written before `covers`)."""
+    try:
+        found = json.loads((out / "export.json").read_text()).get("covers")
+    except (OSError, ValueError) as error:
+        raise ExportError(f"{out}: not an export ({error})") from None
+    if found is None:
+        return EVERY_TABLE
+    return tuple(name for name in EVERY_TABLE if name in found)
 
 
 def read_manifest(out: Path) -> int:

@@ -7,20 +7,26 @@ sends were applied (partition and offset) with their ts and expiry, and, per own
 the journal mark `<epoch>:<cut offset>` the queue-writer resumes from: commands before the cut
 are in the restored state, commands after it are read from Kafka as usual. A retainer gets the
 rebuilt retained messages of its partitions, with their ts and expiry; it resumes from its
-consumer group's committed offsets, which a lost volume does not lose.
+consumer group's committed offsets, which a lost volume does not lose. It also gets the rebuilt
+durable-stream messages of its partitions (each row's `partition` is the Kafka partition its
+`store` request came on, which is the topic's: `partition_of_topic`), written through the
+stream engine (`StreamStore.store_batch`, each message with its own ts), per database, into
+databases created with `stream_shards` shards (the retainer's `RELAY_STREAMS__SHARDS`).
 
-Invariants: a restore writes only into a data dir that holds no journal, store log or retained
-store (`RestoreError` before anything is written otherwise); everything written is durable when
-it returns (the engines' own fsyncs, then a store-log dump). Not restored: quota markers (the
-journal appends one only when a send is refused at the quota; counted in the result) and the
-queue-writer's memory of recent msg_ids (a SEND put on Kafka twice across the cut is kept once
-by the cut itself).
+Invariants: a restore writes only into a data dir that holds no journal, store log, retained
+store or stream store (`RestoreError` before anything is written otherwise); everything
+written is durable when it returns (the engines' own fsyncs, then a store-log dump). Not
+restored: quota markers (the journal appends one only when a send is refused at the quota;
+counted in the result), the queue-writer's memory of recent msg_ids (a SEND put on Kafka
+twice across the cut is kept once by the cut itself), and the stream store's site id (a new
+one is made, as for any new volume).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from relay_archive import tables
 from relay_durable import codec
@@ -29,7 +35,10 @@ from relay_journal.settings import JournalSettings
 from relay_queues import ids
 from relay_storelog.records import QueueRecord
 from relay_storelog.store import StoreLog, StoreLogSettings
+from relay_streams.model import Message
 from relay_streams.retained import RetainedStore, Write
+from relay_streams.settings import DbSettings
+from relay_streams.store import StreamStore
 
 
 class RestoreError(Exception):
@@ -43,6 +52,8 @@ class Restored:
     quota_markers_skipped: int = 0
     retained: int = 0
     marks: dict[int, int] | None = None
+    streams: int = 0
+    """Durable-stream messages written."""
 
 
 def _owned(partition: int, ordinal: int, replicas: int) -> bool:
@@ -123,16 +134,29 @@ def restore_queue_writer(
     return Restored(len(queues), written, skipped, 0, marks)
 
 
-def restore_retainer(rebuilt: Path, data_dir: Path, ordinal: int, replicas: int) -> Restored:
-    """Retained messages of this retainer's partitions (`partition_of_topic`, computed by the
-    rebuild: each row's `partition` is the Kafka partition its publication came from)."""
+STREAM_BATCH = 1000
+"""Messages per `store_batch` call of a stream restore."""
+
+
+def restore_retainer(
+    rebuilt: Path, data_dir: Path, ordinal: int, replicas: int, stream_shards: int = 4
+) -> Restored:
+    """Retained messages and durable-stream messages of this retainer's partitions (each row's
+    `partition`, computed by the rebuild, is the Kafka partition its request came from)."""
     if not 0 <= ordinal < replicas:
         raise RestoreError(f"ordinal {ordinal} is not in 0..{replicas - 1}")
+    if stream_shards < 1:
+        raise RestoreError(f"stream shards must be at least 1, got {stream_shards}")
     read_cut(rebuilt)
-    _refuse_if_used(data_dir / "retained")
+    _refuse_if_used(data_dir / "retained", data_dir / "streams")
     rows = [
         r
         for r in tables.read_table(rebuilt, "retained").to_pylist()
+        if _owned(r["partition"], ordinal, replicas)
+    ]
+    streams = [
+        r
+        for r in tables.read_table(rebuilt, "streams").to_pylist()
         if _owned(r["partition"], ordinal, replicas)
     ]
     (data_dir / "retained").mkdir(parents=True, exist_ok=True)
@@ -145,4 +169,23 @@ def restore_retainer(rebuilt: Path, data_dir: Path, ordinal: int, replicas: int)
             writes.append(Write(r["topic"], codec.unb64u(r["payload"]), 0, expiry, r["ts"]))
         for start in range(0, len(writes), 1000):
             store.store_many(writes[start : start + 1000])
-    return Restored(retained=len(rows))
+    _restore_streams(streams, data_dir / "streams", stream_shards)
+    return Restored(retained=len(rows), streams=len(streams))
+
+
+def _restore_streams(rows: list[dict[str, Any]], root: Path, shards: int) -> None:
+    """Every row through the stream engine, in the order the rebuild applied them (partition,
+    offset), each `store_batch` durable before the next."""
+    by_db: dict[str, list[Message]] = {}
+    for r in sorted(rows, key=lambda r: (r["partition"], r["offset"] or 0)):
+        by_db.setdefault(r["db"], []).append(
+            Message(r["topic"], codec.unb64u(r["payload"]), r["ts"])
+        )
+    store = StreamStore(root)
+    try:
+        for db, messages in sorted(by_db.items()):
+            store.open_db(db, None if db in store.list_dbs() else DbSettings(shards=shards))
+            for start in range(0, len(messages), STREAM_BATCH):
+                store.store_batch(db, messages[start : start + STREAM_BATCH], sync=True)
+    finally:
+        store.close()

@@ -81,29 +81,44 @@ SCHEMAS = {
 }
 
 
+def _offsets(data: dict[str, Any] | None) -> dict[int, int] | None:
+    return None if data is None else {int(k): int(v) for k, v in data.items()}
+
+
 @dataclass(frozen=True)
 class Cut:
     """Where a state stands in the log: per command partition, the first offset not applied
-    (None: everything archived), and the wall-clock time the state was taken (expiry)."""
+    (None: everything archived), and the wall-clock time the state was taken (expiry).
+
+    For the publications (retained messages and durable streams), a bounded cut: per
+    partition, every record before `publications[p]` applied and none at or past
+    `publications_upto[p]`; those in between were in flight when the retainer's copy was
+    taken and may or may not be in it, so a rebuild counts them as unanswered (uncertain).
+    None: every archived publication (an offline export of a stopped retainer)."""
 
     epoch: str
     at_ms: int
     offsets: dict[int, int] | None = None
+    publications: dict[int, int] | None = None
+    publications_upto: dict[int, int] | None = None
 
     def to_json(self) -> str:
         data = asdict(self)
-        if self.offsets is not None:
-            data["offsets"] = {str(k): v for k, v in sorted(self.offsets.items())}
+        for name in ("offsets", "publications", "publications_upto"):
+            value = getattr(self, name)
+            if value is not None:
+                data[name] = {str(k): v for k, v in sorted(value.items())}
         return json.dumps(data, sort_keys=True)
 
     @staticmethod
     def from_json(text: str) -> Cut:
         data = json.loads(text)
-        offsets = data.get("offsets")
         return Cut(
             str(data["epoch"]),
             int(data["at_ms"]),
-            None if offsets is None else {int(k): int(v) for k, v in offsets.items()},
+            _offsets(data.get("offsets")),
+            _offsets(data.get("publications")),
+            _offsets(data.get("publications_upto")),
         )
 
 

@@ -1,9 +1,10 @@
 """The lifecycle of a service whose only dependency is the bus (plus optional hooks).
 
 Invariant: start runs `before_start` hooks, then the bus, within `startup_timeout_s`, then the
-`after_start` hooks (before the service counts as started); stop
-stops the consumers (they commit), runs the `drain` hooks while the producer still works, stops
-the producer, then runs `after_stop` hooks, each at most once.
+`after_start` hooks (before the service counts as started); `lame_duck` runs the `lame_duck`
+hooks once, on the first SIGTERM, while the service still serves everything (`relay_runtime.serve`);
+stop stops the consumers (they commit), runs the `drain` hooks while the producer still works,
+stops the producer, then runs `after_stop` hooks, each at most once.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ class BusLifecycle:
         after_start: tuple[Hook, ...] = (),
         drain: tuple[Hook, ...] = (),
         after_stop: tuple[Hook, ...] = (),
+        lame_duck: tuple[Hook, ...] = (),
     ) -> None:
         self.bus = bus
         self.startup_timeout_s = startup_timeout_s
@@ -32,6 +34,7 @@ class BusLifecycle:
         self.after_start = after_start
         self.drain = drain
         self.after_stop = after_stop
+        self.lame_duck_hooks = lame_duck
         self._stopped = False
 
     async def start(self) -> None:
@@ -39,6 +42,10 @@ class BusLifecycle:
             await hook()
         await self.bus.start(self.startup_timeout_s)
         for hook in self.after_start:
+            await hook()
+
+    async def lame_duck(self) -> None:
+        for hook in self.lame_duck_hooks:
             await hook()
 
     async def stop(self) -> None:

@@ -65,13 +65,14 @@ class Ping(_Request):
 
 
 class AdminRequest(_Request):
-    """An admin operation for every queue-writer (`/admin/dump`, queue stats). The ingress sends
-    one copy to each command partition; a queue-writer runs the operation once per `id` and
-    answers once per partition it owns, so the asker knows when every owner has answered."""
+    """An admin operation for every queue-writer (`/admin/dump`, `/admin/export`, queue
+    stats). The ingress sends one copy to each command partition; a queue-writer runs the
+    operation once per `id` and answers once per partition it owns, so the asker knows when
+    every owner has answered."""
 
     kind: Literal["admin"] = "admin"
     v: Literal[1] = 1
-    op: Literal["dump", "stats"]
+    op: Literal["dump", "stats", "export"]
     wait: bool = False
     """For `dump`: answer when the dump is finished (files renamed, old ones removed)."""
 
@@ -552,7 +553,7 @@ ALLOWED_TOPICS: dict[str, frozenset[str]] = {
             topics.INGRESS_INBOX,
         }
     ),
-    "admin": frozenset({topics.QUEUE_COMMANDS}),
+    "admin": frozenset({topics.QUEUE_COMMANDS, topics.PUBLICATIONS}),
     "admin_reply": frozenset({topics.INGRESS_INBOX}),
     "queue_cmd": frozenset({topics.QUEUE_COMMANDS}),
     "queue_reply": frozenset({topics.INGRESS_INBOX}),

@@ -411,9 +411,16 @@ class QueueJournal:
                 if dropped:
                     yield queue_id, dropped
 
-    def messages(self, queue_id: str) -> list[Message]:
-        """The queue's messages in order, without delivering or acknowledging any."""
-        return self._queue(queue_id).messages()
+    def messages(self, queue_id: str, *, keep_open: bool = True) -> list[Message]:
+        """The queue's messages in order, without delivering or acknowledging any. With
+        `keep_open=False`, a queue that was not open is closed again after the read (as `check`
+        does), so reading every queue once (an export) does not evict the busy ones."""
+        was_open = queue_id in self._open
+        try:
+            return self._queue(queue_id).messages()
+        finally:
+            if not keep_open and not was_open and queue_id in self._open:
+                self._close_queue(queue_id)
 
     def check(self) -> list[str]:
         """Integrity check of every queue on disk (opens each; repairs what loading repairs):

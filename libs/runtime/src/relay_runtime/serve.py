@@ -3,9 +3,13 @@
 Invariants:
 - start-up failures (bad settings, port in use, a dependency that does not answer within
   `startup_timeout_s`) end the process with one line on stderr and a sysexits code, no traceback;
-- SIGTERM or SIGINT stop taking new work (uvicorn stops accepting), let in-flight requests finish
-  within `shutdown_timeout_s / 2`, then `Lifecycle.stop()` finishes and commits what its consumers
-  hold; the process exits 0 within `shutdown_timeout_s` (the pod's 10 s grace covers it).
+- the first SIGTERM first runs `Lifecycle.lame_duck()` (bounded by `lame_duck_s`) while the
+  service still serves everything: the ingress turns unready and closes its WebSockets at a
+  bounded rate there; then, as on SIGINT, the server stops taking new work (uvicorn stops
+  accepting), lets in-flight requests finish within `shutdown_timeout_s / 2`, then
+  `Lifecycle.stop()` finishes and commits what its consumers hold; the process exits 0 within
+  `lame_duck_s + shutdown_timeout_s` (the pod's grace covers it). A second signal skips what
+  is left of the lame duck.
 """
 
 from __future__ import annotations
@@ -15,7 +19,8 @@ import errno
 import signal
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from types import FrameType
 from typing import Any, NoReturn, Protocol, TypeVar
 
 import structlog
@@ -39,6 +44,47 @@ class Lifecycle(Protocol):
 
     async def stop(self) -> None:
         """Stop consuming, finish and commit in-flight work, close clients. Idempotent."""
+
+    async def lame_duck(self) -> None:
+        """Before shutting down, while everything is still served (may do nothing)."""
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server with a lame-duck phase: the first SIGTERM runs `lame_duck` on the loop
+    (within `budget_s`) and only then lets uvicorn shut down; any other or later signal shuts
+    down at once."""
+
+    def __init__(
+        self, config: uvicorn.Config, lame_duck: Callable[[], Awaitable[None]], budget_s: float
+    ) -> None:
+        super().__init__(config)
+        self._lame_duck = lame_duck
+        self._budget_s = budget_s
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._ducking: asyncio.Future[None] | None = None
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if sig != signal.SIGTERM or self._ducking is not None or self._loop is None:
+            super().handle_exit(sig, frame)
+            return
+        self._captured_signals.append(sig)  # re-raised after serving, as uvicorn does
+        loop = self._loop
+        self._ducking = loop.create_future()
+        loop.call_soon_threadsafe(lambda: loop.create_task(self._duck()))
+
+    async def _duck(self) -> None:
+        try:
+            await asyncio.wait_for(self._lame_duck(), self._budget_s)
+        except TimeoutError:
+            log.warning("lame_duck_timed_out", budget_s=self._budget_s)
+        except Exception:
+            log.exception("lame_duck_failed")
+        finally:
+            self.should_exit = True
 
 
 class _LifespanApp:
@@ -161,7 +207,7 @@ def run_service(
             # Subclassed for the header timeout, connection limits and JSON refusals (bounds).
             http=protocol,
         )
-        server = uvicorn.Server(config)
+        server = _Server(config, lifecycle.lame_duck, loaded.lame_duck_s)
         signal.signal(signal.SIGTERM, _exit_on_sigterm)
         log.info("starting", port=sock.getsockname()[1])
         try:

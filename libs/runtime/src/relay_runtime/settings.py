@@ -86,6 +86,10 @@ class ServiceSettings(BaseSettings):
     """How long start waits for Kafka and Redis before giving up with exit 69."""
     shutdown_timeout_s: float = Field(8.0, gt=0, le=60)
     """Budget for finishing in-flight work and committing on SIGTERM (the pod grace is 10 s)."""
+    lame_duck_s: float = Field(20.0, ge=0, le=300)
+    """Most time the lame-duck phase may take on SIGTERM before the shutdown (the ingress's:
+    unready, then WebSockets closed at a bounded rate; other services have none). The pod's
+    grace must cover it plus `shutdown_timeout_s`."""
 
 
 class DataSettings(BaseModel):

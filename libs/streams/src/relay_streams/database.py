@@ -20,6 +20,7 @@ Invariants:
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -31,7 +32,15 @@ from rocksdict import WriteBatch
 from relay_ds import errors as ds_errors
 from relay_ds import info as ds_info
 from relay_ds.sites import SiteId
-from relay_ds.tokens import MAX_TS, GenerationId, ShardId, StaticIndex, Stream, StreamIterator
+from relay_ds.tokens import (
+    MAX_TS,
+    GenerationId,
+    Position,
+    ShardId,
+    StaticIndex,
+    Stream,
+    StreamIterator,
+)
 from relay_streams import catalog, sites
 from relay_streams.egress import Egress
 from relay_streams.errors import BadInput, BadToken, Closed, CorruptRecord, NotFound
@@ -367,6 +376,38 @@ class Database:
         if scanned is not None:
             iterator = dataclasses.replace(iterator, after=scanned)
         return NextResult([message for _, message in found], iterator, closed and exhausted)
+
+    def every_message(self, page: int = MAX_BATCH_READ) -> Iterator[list[Message]]:
+        """Every message of every stream of every shard and generation, in pages of up to
+        `page`, with no topic filter: unlike a subscription's `#`, this includes topics whose
+        first level starts with `$` (the MQTT rule is for subscribers, not for exports and
+        restores). Messages written meanwhile may or may not be included."""
+        self._alive()
+        for shard in self.shards:
+            with self._lock:
+                layouts = [
+                    shard.generations[spec.number].layout for spec in self.record.generations
+                ]
+            for layout in layouts:
+                for static in layout.every_stream():
+                    after: Position | None = None
+                    while True:
+                        result = layout.read(static, None, 0, after, page)
+                        if result.found:
+                            yield [message for _, message in result.found]
+                        if result.exhausted or result.scanned is None:
+                            break
+                        after = result.scanned
+
+    def checkpoint(self, target: Path) -> None:
+        """`db.json` and a RocksDB checkpoint of each shard under `target`
+        (`StreamStore.checkpoint`)."""
+        self._alive()
+        target.mkdir(parents=True)
+        with self._lock:
+            shutil.copyfile(self._record_path, target / "db.json")
+            for shard in self.shards:
+                shard.checkpoint(target / f"shard-{int(shard.id)}")
 
     # -- generations -----------------------------------------------------------------------
 

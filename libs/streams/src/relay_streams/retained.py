@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rocksdict import Options, Rdict, ReadOptions, WriteBatch, WriteOptions
+from rocksdict import Checkpoint, Options, Rdict, ReadOptions, WriteBatch, WriteOptions
 
 from relay_streams.errors import BadInput, Closed, CorruptRecord, StreamsError, WriteFailed
 from relay_topics import pages, rules
@@ -159,6 +159,12 @@ class RetainedStore:
         except BaseException:
             self.db.close()
             raise
+
+    def checkpoint(self, target: Path) -> None:
+        """A point-in-time copy of the store at `target` (a new folder on the same filesystem:
+        RocksDB's checkpoint, hard links to its files), openable as a `RetainedStore`; writes
+        going on meanwhile are either wholly in it or not at all (one write batch each)."""
+        Checkpoint(self.db).create_checkpoint(str(target))
 
     def close(self) -> None:
         """Close the RocksDB instance (idempotent); later calls raise `Closed`."""

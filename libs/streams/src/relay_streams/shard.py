@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-from rocksdict import ColumnFamily, Options, Rdict, WriteBatch, WriteOptions
+from rocksdict import Checkpoint, ColumnFamily, Options, Rdict, WriteBatch, WriteOptions
 
 from relay_ds.tokens import GenerationId, ShardId
 from relay_streams import catalog
@@ -276,6 +276,10 @@ class Shard:
         self.db.flush(wait=True)
         for generation in self.generations.values():
             generation.cf.flush(wait=True)
+
+    def checkpoint(self, target: Path) -> None:
+        """A RocksDB checkpoint of this shard at `target` (hard links, same filesystem)."""
+        Checkpoint(self.db).create_checkpoint(str(target))
 
     def close(self) -> None:
         self.generations.clear()

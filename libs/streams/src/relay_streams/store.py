@@ -21,7 +21,7 @@ import shutil
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -113,6 +113,20 @@ class StreamStore:
         folder.rename(doomed)
         shutil.rmtree(doomed)
 
+    def checkpoint(self, target: Path) -> None:
+        """A point-in-time copy of every open database at `target` (a new folder on the same
+        filesystem), openable as a `StreamStore`: this site's files, each database's record
+        and a RocksDB checkpoint of each shard (hard links). Each shard's copy holds a write
+        batch wholly or not at all; shards are copied one after another."""
+        target.mkdir(parents=True)
+        for name in ("site.json", "sites.json"):
+            if (self.root / name).exists():
+                shutil.copyfile(self.root / name, target / name)
+        with self._lock:
+            dbs = dict(self._dbs)
+        for name, db in sorted(dbs.items()):
+            db.checkpoint(target / "dbs" / name)
+
     def close(self) -> None:
         with self._lock:
             self._closed = True
@@ -139,6 +153,10 @@ class StreamStore:
         self, db: str, iterator: StreamIterator | str, n: int, max_bytes: int | None = None
     ) -> NextResult:
         return self.db(db).next(iterator, n, max_bytes)
+
+    def every_message(self, db: str, page: int = 10_000) -> Iterator[list[Message]]:
+        """Every message of the database, `$` topics included (`Database.every_message`)."""
+        return self.db(db).every_message(page)
 
     def delete(
         self,

@@ -6,13 +6,14 @@ nothing; the token is compared in constant time.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Query, Response
 from pydantic import BaseModel
 
-from relay_bus import schemas
+from relay_bus import schemas, topics
 from relay_ingress import asking
 from relay_ingress.context import Ctx
 from relay_ingress.errors import ApiError, documented
@@ -143,6 +144,121 @@ async def dump(
     if wait:
         response.status_code = 200
     return DumpReport(dump=writers[0].dump, writers=writers)
+
+
+class WriterExport(BaseModel):
+    instance: str
+    partitions: list[int]
+    """The command partitions this queue-writer owns (its part's cut covers them)."""
+    folder: str
+    """Where this owner wrote its part (`queues/<instance>.parquet`, `messages/…`,
+    `cut-<instance>.json`), on its own volume."""
+    at_ms: int
+    """When its cut was taken (wall clock)."""
+    offsets: dict[str, int]
+    queues: int
+    messages: int
+    early: int
+    """Queues read ahead of the slices because a command was about to change them."""
+    longest_ms: float
+    """The longest time commands waited for the export (one slice or one early read)."""
+    read_s: float
+    total_s: float
+
+
+class RetainerExport(BaseModel):
+    instance: str
+    partitions: list[int]
+    """The publication partitions this retainer owns."""
+    folder: str
+    """Where it wrote its part (`retained/<instance>.parquet`, `streams/…`,
+    `publications-<instance>.json`), on its own volume."""
+    at_ms: int
+    publications: dict[str, int]
+    """Per partition, every record before this offset is in the export."""
+    publications_upto: dict[str, int]
+    """Per partition, no record at or after this offset is; those between were in flight
+    (verify counts them as uncertain)."""
+    retained: int
+    streams: int
+    pause_ms: float
+    """How long the retainer's writes waited for the stores' RocksDB checkpoints."""
+    total_s: float
+
+
+class ExportCut(BaseModel):
+    epoch: str
+    """The broker log's epoch (decision 0003): the offsets are of that log."""
+    at_ms: int
+    """The latest owner's cut time: verify explains messages expiring before it."""
+    queue_commands: dict[str, str]
+    """Command partition → `<epoch>:<first offset not applied>` (exact)."""
+    publications: dict[str, str]
+    """Publication partition → `<epoch>:<offset>`: every record before it is in the export."""
+    publications_upto: dict[str, str]
+    """Publication partition → `<epoch>:<offset>`: no record at or after it is in the export."""
+
+
+class ExportReport(BaseModel):
+    export: str
+    cut: ExportCut
+    writers: list[WriterExport]
+    retainers: list[RetainerExport]
+
+
+def _positions(
+    owners: list[tuple[str, list[int], dict[str, Any]]], key: str, epoch: str
+) -> dict[str, str]:
+    found = {}
+    for _, partitions, result in owners:
+        for partition in partitions:
+            found[partition] = result[key].get(str(partition), 0)
+    return {str(p): f"{epoch}:{o}" for p, o in sorted(found.items())}
+
+
+@router.post("/export", status_code=202, response_model=ExportReport)
+async def export(
+    ctx: Ctx,
+    _: Admin,
+    timeout_s: Annotated[float | None, Query(ge=1, le=600)] = None,
+) -> ExportReport:
+    """Every queue-writer and retainer writes its live state as of its own position in the
+    log (the cut) to Parquet, in the layout of `relayctl export`, under its own data dir
+    (`exports/<id>/`), without pausing writes; answers once every part is written."""
+    wait_s = timeout_s or ctx.config.admin_timeout_s
+    writer_replies, retainer_replies = await asyncio.gather(
+        asking.every_queue_writer(
+            ctx, lambda routing: schemas.AdminRequest(**routing, op="export"), wait_s
+        ),
+        asking.every_owner(
+            ctx,
+            topics.PUBLICATIONS,
+            lambda routing: schemas.AdminRequest(**routing, op="export"),
+            wait_s,
+            "retainer",
+            "publication",
+        ),
+    )
+    writers, retainers = _by_writer(writer_replies), _by_writer(retainer_replies)
+    epochs = {result["epoch"] for _, _, result in writers + retainers}
+    if len(epochs) != 1:
+        raise ApiError(
+            503, "UNAVAILABLE", f"the owners' cuts name {len(epochs)} broker epochs; export again"
+        )
+    epoch = epochs.pop()
+    cut = ExportCut(
+        epoch=epoch,
+        at_ms=max(result["at_ms"] for _, _, result in writers + retainers),
+        queue_commands=_positions(writers, "offsets", epoch),
+        publications=_positions(retainers, "publications", epoch),
+        publications_upto=_positions(retainers, "publications_upto", epoch),
+    )
+    return ExportReport(
+        export=writer_replies[0].id,
+        cut=cut,
+        writers=[WriterExport(instance=i, partitions=p, **r) for i, p, r in writers],
+        retainers=[RetainerExport(instance=i, partitions=p, **r) for i, p, r in retainers],
+    )
 
 
 class WriterStats(BaseModel):

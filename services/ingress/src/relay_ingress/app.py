@@ -5,6 +5,8 @@ Wiring only; request handling lives in the routers, domain logic in libs.
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import Depends, FastAPI
 
 from relay_bus import topics
@@ -25,7 +27,7 @@ SERVICE = "ingress"
 
 
 def build(config: IngressSettings) -> tuple[FastAPI, BusLifecycle]:
-    readiness = Readiness()
+    readiness = Readiness("serving")
     bus = Bus(config.kafka, client_id=f"{SERVICE}-{config.instance}", readiness=readiness)
     redis = client.connect(str(config.redis_url))
     limits = Limits(
@@ -96,7 +98,24 @@ def build(config: IngressSettings) -> tuple[FastAPI, BusLifecycle]:
     app.include_router(retained.admin_router)
     app.include_router(kv.router)
     app.include_router(kv.admin_router)
+
+    async def serving() -> None:
+        readiness.set("serving", True)
+
+    async def lame_duck() -> None:
+        """Unready first (load balancers stop sending new clients), still serving; then the
+        WebSockets closed at a bounded rate, in what is left of `lame_duck_s`."""
+        readiness.set("serving", False)
+        await asyncio.sleep(config.lame_duck_unready_s)
+        left = max(0.0, config.lame_duck_s - config.lame_duck_unready_s - 1.0)
+        await connections.close_all(config.ws_close_per_s, left)
+
     lifecycle = BusLifecycle(
-        bus, config.startup_timeout_s, before_start=(lease_inbox,), after_stop=(close_redis,)
+        bus,
+        config.startup_timeout_s,
+        before_start=(lease_inbox,),
+        after_start=(serving,),
+        after_stop=(close_redis,),
+        lame_duck=(lame_duck,),
     )
     return app, lifecycle

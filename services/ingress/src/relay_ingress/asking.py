@@ -104,6 +104,19 @@ async def every_queue_writer(
 ) -> list[schemas.AdminReply]:
     """Send one copy of an admin request to every command partition and wait until each has
     been answered by its owner; returns the replies in partition order."""
+    return await every_owner(ctx, topics.QUEUE_COMMANDS, make, wait_s, "queue-writer", "command")
+
+
+async def every_owner(
+    ctx: Context,
+    topic: str,
+    make: Callable[[Routing], schemas.AdminRequest],
+    wait_s: float,
+    owner: str,
+    what: str,
+) -> list[schemas.AdminReply]:
+    """`every_queue_writer` for the owners of any keyed topic's partitions (`owner`: who they
+    are, `what`: the partitions' name, for the 503)."""
     routing = _routing(ctx, wait_s)
     request = make(routing)
     partitions = ctx.config.kafka.partitions
@@ -112,7 +125,7 @@ async def every_queue_writer(
     deadline = time.monotonic() + wait_s
     try:
         await asyncio.gather(
-            *(ctx.bus.send(topics.QUEUE_COMMANDS, request, partition=p) for p in range(partitions))
+            *(ctx.bus.send(topic, request, partition=p) for p in range(partitions))
         )
         while len(answered) < partitions:
             reply = await asyncio.wait_for(replies.get(), max(0.0, deadline - time.monotonic()))
@@ -123,8 +136,8 @@ async def every_queue_writer(
         raise ApiError(
             503,
             "UNAVAILABLE",
-            f"no answer within {wait_s:g} s for command partitions {missing} "
-            "(is every queue-writer running?)",
+            f"no answer within {wait_s:g} s for {what} partitions {missing} "
+            f"(is every {owner} running?)",
         ) from None
     finally:
         ctx.inbox.forget(request.id)

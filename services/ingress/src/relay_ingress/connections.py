@@ -191,6 +191,25 @@ class Connections:
             await self.unsubscribe_topic(conn, topic_filter)
         await conn.close_writer()
 
+    async def close_all(self, per_s: float, within_s: float) -> int:
+        """Close every open WebSocket (1012: reconnect elsewhere), at most `per_s` a second, or
+        as fast as ending within `within_s` needs; returns how many were closed. Each
+        connection's own handler then releases what it held, as on any disconnect."""
+        open_now = list(self._open.values())
+        if not open_now:
+            return 0
+        rate = max(per_s, len(open_now) / within_s) if within_s > 0 else float("inf")
+        started = asyncio.get_running_loop().time()
+        for n, conn in enumerate(open_now):
+            due = started + n / rate
+            delay = due - asyncio.get_running_loop().time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            with contextlib.suppress(Exception):
+                await conn.ws.close(code=1012, reason="server restarting: reconnect")
+        log.info("ws_closed_for_shutdown", connections=len(open_now), per_s=round(rate, 1))
+        return len(open_now)
+
     # -- subscriptions ---------------------------------------------------------------------
 
     def partition(self, queue: str) -> int:

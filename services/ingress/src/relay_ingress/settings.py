@@ -36,6 +36,14 @@ class IngressSettings(ServiceSettings):
     ws_max_outbound_frames: int = Field(10_000, ge=100, le=1_000_000)
     """Frames one connection may have waiting to be written: a reader slower than that is
     disconnected (close code 1008) instead of buffered without end."""
+    lame_duck_unready_s: float = Field(0.0, ge=0, le=120)
+    """On SIGTERM: how long the ingress keeps serving while unready (`/readyz` 503) before it
+    closes WebSockets, so that load balancers stop sending new clients first (the chart sets
+    `ingress.preStopSeconds`, 10; 0 where nothing balances, as under `relayctl up`)."""
+    ws_close_per_s: float = Field(500.0, gt=0)
+    """On SIGTERM, after `lame_duck_unready_s`: WebSockets closed per second (code 1012,
+    service restart), so reconnecting clients do not all arrive at the other instances at once;
+    faster when that would not fit `lame_duck_s`."""
     ws_max_subscriptions: int = Field(10_000, ge=1, le=1_000_000)
     """Queues one connection may be subscribed to (QUOTA beyond)."""
     ws_max_topic_filters: int = Field(1_000, ge=1, le=100_000)

@@ -63,8 +63,8 @@ def build(config: QueueWriterSettings) -> tuple[FastAPI, BusLifecycle]:
         repair=config.store_repair,
         idempotency_window_s=config.idempotency_window_s,
     )
-    admin = AdminRequests(bus, stores, config.instance)
     commands = Commands(bus, stores, config.kafka.partitions, config.expire_interval_s)
+    admin = AdminRequests(bus, stores, config.instance, commands)
 
     async def handle(received: Received) -> None:
         record = received.record
@@ -103,7 +103,7 @@ def build(config: QueueWriterSettings) -> tuple[FastAPI, BusLifecycle]:
         await owner.start(config.startup_timeout_s)
 
     token = config.admin_token.get_secret_value() if config.admin_token else None
-    handoff = Handoff(stores, owner, config.kafka.partitions, token)
+    handoff = Handoff(stores, owner, config.kafka.partitions, token, commands.sweep_lock)
     app = FastAPI(
         title="Relay queue-writer",
         routes=[

@@ -62,6 +62,11 @@ class Commands:
         """The partitions served now (the app sets the ownership's): the sweep expires only
         their queues, so a partition's copy kept for a hand-off (a source after its fence, a
         target after an import) changes only through the hand-off."""
+        self.before_change: Callable[[str | None], None] | None = None
+        """Called with the queue a command or re-sync is about to change (an online export's
+        copy before write, `relay_archive.capture`); None when nobody watches."""
+        self.sweep_lock = asyncio.Lock()
+        """Held by an expiry sweep, and by an online export while it reads (no sweep then)."""
 
     async def open(self) -> None:
         journal, store = self.stores.journal, self.stores.store
@@ -127,6 +132,17 @@ class Commands:
                 )
         return outcome
 
+    def positions(self) -> dict[int, int]:
+        """Partition → the offset after the last command applied, for every assigned
+        partition: the cut of the state as it stands between two commands."""
+        return dict(self._next)
+
+    def _queue_of(self, record: schemas.QueueCommand | schemas.QueueResync) -> str | None:
+        if isinstance(record, schemas.SendMessage):
+            found = self.rules.store.by_sender(record.sender)
+            return None if found is None else found.recipient_id
+        return record.queue
+
     def _mark_key(self, partition: int) -> str:
         return f"p{partition}"
 
@@ -135,6 +151,7 @@ class Commands:
         broker's log is not the one the marks are for."""
         marks = self.rules.journal.marks
         offsets = {}
+        self._next = {}  # every assigned partition is sought again: a dropped one leaves the cut
         for partition in partitions:
             epoch, _, offset = marks.get(self._mark_key(partition), "").partition(":")
             offsets[partition] = int(offset) if epoch == self.bus.epoch and offset else 0
@@ -156,6 +173,10 @@ class Commands:
         if not self._first_time(received):
             return
         record = received.record
+        if self.before_change is not None and isinstance(
+            record, schemas.QueueCommand | schemas.QueueResync
+        ):
+            self.before_change(self._queue_of(record))
         if isinstance(record, schemas.QueueResync):
             outcome = self.rules.resync(
                 ids.QueueId(record.queue),
@@ -192,11 +213,12 @@ class Commands:
         def keep(queue: str) -> bool:
             return ids.partition_of(queue, self.partitions) in served
 
-        for event in self.rules.expire(now_ms(), keep):
-            self.outbox.put(event.lsn, None, [self._event(event)])
-            changed += 1
-            if changed % SWEEP_SLICE == 0:
-                await asyncio.sleep(0)
+        async with self.sweep_lock:
+            for event in self.rules.expire(now_ms(), keep):
+                self.outbox.put(event.lsn, None, [self._event(event)])
+                changed += 1
+                if changed % SWEEP_SLICE == 0:
+                    await asyncio.sleep(0)
         log.info("queues_swept", changed=changed)
         return changed
 

@@ -24,7 +24,8 @@ import, a pull or a delete of a partition this instance serves is 409 `PARTITION
 commands are being applied: replacing its queues under them would lose them); a body that is
 not a partition state of this topic (malformed, a digest not its own, another partition count
 or a partition other than the path's) is 400 and changes nothing; an import answers once the
-installed state is durable, and importing the same unit again gives the same state; a pause
+installed state is durable, and importing the same unit again gives the same state; an
+import or delete waits for an online export's read (`Commands.sweep_lock`); a pause
 that would not take the partition from this instance is 400 `NOT_A_MOVE` (and installs
 nothing), a source that does not answer an export 502 `SOURCE_UNAVAILABLE`, a catch-up from a
 source still serving the partition 409 `SOURCE_SERVING`.
@@ -32,6 +33,7 @@ source still serving the partition 409 `SOURCE_SERVING`.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 from typing import Any
@@ -61,9 +63,17 @@ class _Refusal(Exception):
 
 class Handoff:
     def __init__(
-        self, stores: Stores, owner: Ownership, partitions: int, token: str | None
+        self,
+        stores: Stores,
+        owner: Ownership,
+        partitions: int,
+        token: str | None,
+        changes: asyncio.Lock,
     ) -> None:
         self.stores = stores
+        self.changes = changes
+        """`Commands.sweep_lock`: held by an online export while it reads (`admin`), which sees
+        changes only through the command path's `before_change`; an install waits for it."""
         self.owner = owner
         self.partitions = partitions
         self.token = token
@@ -124,7 +134,8 @@ class Handoff:
         journal, store = self.stores.journal, self.stores.store
         assert journal is not None
         assert store is not None
-        lsn, seq = partition_state.install(journal.journal, store.store, state)
+        async with self.changes:
+            lsn, seq = partition_state.install(journal.journal, store.store, state)
         await journal.durable(lsn)
         await store.durable(seq)
         return self._summary(state.partition)

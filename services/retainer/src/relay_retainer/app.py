@@ -23,6 +23,7 @@ from relay_bus.ownership_log import OwnershipLog
 from relay_bus.ownership_routes import ownership_routes
 from relay_retainer.ds import DsRequests
 from relay_retainer.ds_targets import TargetSync
+from relay_retainer.exports import RetainerExports
 from relay_retainer.replication import RetainedReplication
 from relay_retainer.retained import RetainedHost, RetainedRequests, RetainedServiceSettings
 from relay_retainer.streams import StreamHost, StreamSettings
@@ -41,6 +42,32 @@ class RetainerSettings(settings.ServiceSettings):
     retained: RetainedServiceSettings = RetainedServiceSettings()
 
 
+def _target_sync(
+    config: RetainerSettings, host: StreamHost, token: str | None
+) -> TargetSync | None:
+    """Replica-set targets from their replicated records, when the replicators are known."""
+    if not config.retained.replicators:
+        return None
+    return TargetSync(
+        host,
+        config.retained.replicators,
+        token,
+        config.instance,
+        config.retained.replication_timeout_s,
+    )
+
+
+def _replication(config: RetainerSettings, token: str | None) -> RetainedReplication | None:
+    if config.retained.replication != "quorum":
+        return None
+    return RetainedReplication(
+        config.retained.replicators,
+        token,
+        config.instance,
+        config.retained.replication_timeout_s,
+    )
+
+
 def build(config: RetainerSettings) -> tuple[FastAPI, BusLifecycle]:
     readiness = Readiness()
     bus = Bus(config.kafka, client_id=f"{SERVICE}-{config.instance}", readiness=readiness)
@@ -50,24 +77,9 @@ def build(config: RetainerSettings) -> tuple[FastAPI, BusLifecycle]:
     """The partitions served now (`serve` replaces its contents)."""
     host = StreamHost(config.data.dir / "streams", config.instance, config.streams, readiness)
     token = config.admin_token.get_secret_value() if config.admin_token else None
-    targets = None
-    if config.retained.replicators:  # replica-set targets from their replicated records
-        targets = TargetSync(
-            host,
-            config.retained.replicators,
-            token,
-            config.instance,
-            config.retained.replication_timeout_s,
-        )
+    targets = _target_sync(config, host, token)
     ds = DsRequests(bus, host, config.instance, owned, config.kafka.partitions, targets)
-    replication = None
-    if config.retained.replication == "quorum":
-        replication = RetainedReplication(
-            config.retained.replicators,
-            config.admin_token.get_secret_value() if config.admin_token else None,
-            config.instance,
-            config.retained.replication_timeout_s,
-        )
+    replication = _replication(config, token)
     retained_host = RetainedHost(
         config.data.dir / "retained",
         config.retained,
@@ -76,10 +88,14 @@ def build(config: RetainerSettings) -> tuple[FastAPI, BusLifecycle]:
         owns=lambda topic: routing.partition_of_topic(topic, config.kafka.partitions) in owned,
     )
     retained = RetainedRequests(bus, retained_host, config.instance, owned, config.kafka.partitions)
+    exports = RetainerExports(bus, host, retained_host, config.instance, config.data.dir, owned)
 
     async def handle(received: Received) -> None:
         record = received.record
-        if isinstance(record, schemas.DsRequest):
+        exports.seen(received)
+        if isinstance(record, schemas.AdminRequest):
+            exports.handle(received, record)
+        elif isinstance(record, schemas.DsRequest):
             await ds.handle(received, record)
         elif isinstance(record, schemas.Publication | schemas.RetainedRequest):
             retained.handle(record, received.partition)
@@ -94,6 +110,7 @@ def build(config: RetainerSettings) -> tuple[FastAPI, BusLifecycle]:
         owned[:] = partitions
         ds.owned = list(partitions)
         retained.owned = list(partitions)
+        exports.owned = set(partitions)
 
     owner = Ownership(
         OwnershipLog(config.kafka, SERVICE, f"{SERVICE}-{config.instance}"),
@@ -130,7 +147,13 @@ def build(config: RetainerSettings) -> tuple[FastAPI, BusLifecycle]:
         config.startup_timeout_s,
         before_start=(open_data_dir,),
         after_start=(take_ownership,),
-        drain=(ds.drain, retained.drain, host.stop_writing, retained_host.stop_writing),
+        drain=(
+            exports.close,
+            ds.drain,
+            retained.drain,
+            host.stop_writing,
+            retained_host.stop_writing,
+        ),
         after_stop=(
             *close_targets,
             host.close,

@@ -150,6 +150,17 @@ class RetainedHost:
             await asyncio.to_thread(self.store.store_many, writes)
         log.info("retained_rebuilt_from_replicators", messages=len(found))
 
+    async def settled(self) -> None:
+        """Return once every write handed over so far is settled (`Rounds.settled`)."""
+        await self._rounds.settled()
+
+    def hold_writes(self) -> None:
+        """Rounds not started yet wait until `release_writes` (`Rounds.hold`)."""
+        self._rounds.hold()
+
+    def release_writes(self) -> None:
+        self._rounds.release()
+
     async def stop_writing(self) -> None:
         """Finish the writes already handed over, then take no more (a drain hook)."""
         if self._sweeper is not None:

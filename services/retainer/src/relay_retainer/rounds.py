@@ -8,7 +8,9 @@ Invariants:
 - writes are applied in the order they were handed over;
 - a round refused as a whole for one write's sake (`split_on`) is applied again one write at a
   time, in order, so only the offending writes are refused;
-- `stop` finishes the writes already handed over, then takes no more.
+- `stop` finishes the writes already handed over, then takes no more;
+- `settled` waits for the writes handed over before it, and `hold` keeps rounds not yet
+  started from writing until `release` (an online export's barrier and checkpoint).
 
 The loop itself (a round is every write handed over while the previous one was written) is
 `relay_durable.batching.BatchLoop`, shared with the queue-writer's outbox; this module adds what
@@ -56,6 +58,9 @@ class Rounds(Generic[W]):
         self._split_on = split_on
         self._group = group
         self._loop: BatchLoop[Pending[W]] = BatchLoop(self._round, name)
+        self._unsettled: set[asyncio.Future[None]] = set()
+        self._open = asyncio.Event()
+        self._open.set()
 
     def start(self) -> None:
         self._loop.start()
@@ -65,12 +70,31 @@ class Rounds(Generic[W]):
         pending = Pending(write, expired)
         if not self._loop.put(pending):
             pending.done.set_exception(Expired("the retainer is stopping"))
+        else:
+            self._unsettled.add(pending.done)
+            pending.done.add_done_callback(self._unsettled.discard)
         return pending.done
+
+    async def settled(self) -> None:
+        """Return once every write handed over before this call is settled (whatever its
+        outcome); writes handed over meanwhile are not waited for."""
+        waiting = list(self._unsettled)
+        if waiting:
+            await asyncio.wait(waiting)
 
     async def stop(self) -> None:
         await self._loop.close()
 
+    def hold(self) -> None:
+        """Rounds that have not started wait until `release` (one already writing goes on);
+        writes are still handed over meanwhile, and go into the next round."""
+        self._open.clear()
+
+    def release(self) -> None:
+        self._open.set()
+
     async def _round(self, batch: list[Pending[W]]) -> None:
+        await self._open.wait()
         live = []
         for pending in batch:
             if pending.expired():

@@ -110,6 +110,17 @@ class StreamHost:
             raise
         return store
 
+    async def settled(self) -> None:
+        """Return once every write handed over so far is settled (`Rounds.settled`)."""
+        await self._rounds.settled()
+
+    def hold_writes(self) -> None:
+        """Rounds not started yet wait until `release_writes` (`Rounds.hold`)."""
+        self._rounds.hold()
+
+    def release_writes(self) -> None:
+        self._rounds.release()
+
     async def stop_writing(self) -> None:
         """Finish the writes already handed over, then take no more (a drain hook)."""
         await self._rounds.stop()

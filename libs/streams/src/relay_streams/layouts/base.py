@@ -150,17 +150,22 @@ class Layout(Protocol):
     def streams(self, topic_filter: Levels) -> list[StaticIndex]:
         """Static indexes of the streams that may hold topics matching the filter."""
 
+    def every_stream(self) -> list[StaticIndex]:
+        """Static indexes of every stream, `$` topics' included (no filter, so no MQTT rule:
+        for exports and checks, never for subscriptions)."""
+
     def has_stream(self, static: StaticIndex) -> bool: ...
 
     def read(
         self,
         static: StaticIndex,
-        topic_filter: Levels,
+        topic_filter: Levels | None,
         start: int,
         after: Position | None,
         limit: int,
     ) -> ReadResult:
-        """Up to `limit` matching messages of the stream with ts >= start, after `after`."""
+        """Up to `limit` matching messages of the stream with ts >= start, after `after`
+        (`topic_filter` None: every message of the stream)."""
 
     def key(self, static: StaticIndex, position: Position) -> bytes:
         """The record key of a message (for deletes)."""

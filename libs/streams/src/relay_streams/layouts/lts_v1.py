@@ -128,13 +128,16 @@ class Lts:
     def streams(self, topic_filter: Levels) -> list[StaticIndex]:
         return [StaticIndex(leaf.static) for leaf in self.trie.match(topic_filter)]
 
+    def every_stream(self) -> list[StaticIndex]:
+        return [StaticIndex(leaf.static) for leaf in self.trie.leaves()]
+
     def has_stream(self, static: StaticIndex) -> bool:
         return self.trie.leaf(static) is not None
 
     def read(
         self,
         static: StaticIndex,
-        topic_filter: Levels,
+        topic_filter: Levels | None,
         start: int,
         after: Position | None,
         limit: int,
@@ -145,7 +148,7 @@ class Lts:
         prefix = base.MESSAGES + static.to_bytes(8, "big")
         lower = prefix + base.position_bytes(start, after)
         upper = base.MESSAGES + (static + 1).to_bytes(8, "big")
-        check = None if leaf.covered_by(topic_filter) else topic_filter
+        check = None if topic_filter is None or leaf.covered_by(topic_filter) else topic_filter
         return base.read_range(self.cf, lower, upper, check, limit, self.where)
 
     def key(self, static: StaticIndex, position: Position) -> bytes:

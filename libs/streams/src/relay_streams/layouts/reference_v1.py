@@ -61,13 +61,16 @@ class Reference:
     def streams(self, topic_filter: Levels) -> list[StaticIndex]:
         return [_STREAM]
 
+    def every_stream(self) -> list[StaticIndex]:
+        return [_STREAM]
+
     def has_stream(self, static: StaticIndex) -> bool:
         return static == _STREAM
 
     def read(
         self,
         static: StaticIndex,
-        topic_filter: Levels,
+        topic_filter: Levels | None,
         start: int,
         after: Position | None,
         limit: int,
