@@ -33,7 +33,7 @@ import os
 import resource
 import time
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -394,11 +394,16 @@ class QueueJournal:
             dropped += 1
         return dropped
 
-    def expire_all(self, now_ms: int) -> Iterator[tuple[str, int]]:
-        """Expire every queue on disk, open or not, walking the folders lazily; yields
-        (queue id, dropped) for queues that lost messages. Queues it opens are closed again."""
+    def expire_all(
+        self, now_ms: int, keep: Callable[[str], bool] | None = None
+    ) -> Iterator[tuple[str, int]]:
+        """Expire every queue on disk (those `keep` accepts, if given), open or not, walking
+        the folders lazily; yields (queue id, dropped) for queues that lost messages. Queues
+        it opens are closed again."""
         for fragments in {self.layout.current, self.layout.fragments_for_new}:
             for queue_id, _ in layout.iter_queue_dirs(self.root, fragments):
+                if keep is not None and not keep(queue_id):
+                    continue
                 was_open = queue_id in self._open
                 dropped = self.expire(queue_id, now_ms)
                 if not was_open and queue_id in self._open:

@@ -20,7 +20,7 @@ after another on its event loop and waits for durability outside.
 from __future__ import annotations
 
 import hmac
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from relay_durable.outcome import Outcome
@@ -258,10 +258,11 @@ class QueueRules:
         event = Event("subscribed", queue, self._lsn(), head, subscriber, since)
         return QueueOutcome(200, {}, lsn=event.lsn, events=[event])
 
-    def expire(self, now_ms: int) -> Iterator[Event]:
-        """Drop expired messages from every queue, open or not (the periodic sweep), lazily;
-        one event per queue that lost messages."""
-        for queue, _ in self.journal.expire_all(now_ms):
+    def expire(self, now_ms: int, keep: Callable[[str], bool] | None = None) -> Iterator[Event]:
+        """Drop expired messages from every queue (those `keep` accepts, if given: the queues
+        of the partitions served), open or not (the periodic sweep), lazily; one event per
+        queue that lost messages."""
+        for queue, _ in self.journal.expire_all(now_ms, keep):
             yield self._event("changed", ids.QueueId(queue), now_ms)
 
 

@@ -23,6 +23,7 @@ from relay_bus.ownership_routes import ownership_routes
 from relay_queue_writer import announce
 from relay_queue_writer.admin import AdminRequests
 from relay_queue_writer.commands import Commands
+from relay_queue_writer.handoff import Handoff
 from relay_queue_writer.stores import Stores
 from relay_queues import idempotency
 from relay_runtime import ownership, settings
@@ -91,6 +92,8 @@ def build(config: QueueWriterSettings) -> tuple[FastAPI, BusLifecycle]:
         consumer.reassign,
     )
 
+    commands.served = lambda: owner.serving
+
     async def open_data_dir() -> None:
         ownership.claim_data_dir(config.data.dir, SERVICE, ordinal, config.kafka.partitions)
         await stores.open()
@@ -100,16 +103,21 @@ def build(config: QueueWriterSettings) -> tuple[FastAPI, BusLifecycle]:
         await owner.start(config.startup_timeout_s)
 
     token = config.admin_token.get_secret_value() if config.admin_token else None
+    handoff = Handoff(stores, owner, config.kafka.partitions, token, commands.sweep_lock)
     app = FastAPI(
         title="Relay queue-writer",
-        routes=[*probe_routes(readiness), *ownership_routes(owner, token)],
+        routes=[
+            *probe_routes(readiness),
+            *ownership_routes(owner, token),
+            *handoff.routes(),
+        ],
     )
     lifecycle = BusLifecycle(
         bus,
         config.startup_timeout_s,
         before_start=(open_data_dir,),
         after_start=(take_ownership,),
-        drain=(admin.close, commands.close),
+        drain=(admin.close, commands.close, handoff.close),
         after_stop=(stores.close, owner.close),
     )
     return app, lifecycle

@@ -13,6 +13,7 @@ Invariants:
 - a SEND put on Kafka twice (a producer retry), even across a restart, or sent again with the
   same `Idempotency-Key`, is stored once: `QueueRules.send` checks its identity against the
   journal's send keys;
+- the expiry sweep touches only the queues of the partitions served (`served`);
 - malformed fields get BAD_REQUEST and change nothing (the ingress validates first; this is the
   second line).
 """
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import structlog
 
@@ -57,6 +58,10 @@ class Commands:
         """Partition → the offset after the last command applied (for `bus.epoch`)."""
         self._outbox: Outbox | None = None
         self._sweeper: asyncio.Task[None] | None = None
+        self.served: Callable[[], Collection[int]] = lambda: range(partitions)
+        """The partitions served now (the app sets the ownership's): the sweep expires only
+        their queues, so a partition's copy kept for a hand-off (a source after its fence, a
+        target after an import) changes only through the hand-off."""
         self.before_change: Callable[[str | None], None] | None = None
         """Called with the queue a command or re-sync is about to change (an online export's
         copy before write, `relay_archive.capture`); None when nobody watches."""
@@ -203,8 +208,13 @@ class Commands:
         """Drop expired messages from every queue, letting commands run between queues;
         returns how many queues lost messages."""
         changed = 0
+        served = set(self.served())
+
+        def keep(queue: str) -> bool:
+            return ids.partition_of(queue, self.partitions) in served
+
         async with self.sweep_lock:
-            for event in self.rules.expire(now_ms()):
+            for event in self.rules.expire(now_ms(), keep):
                 self.outbox.put(event.lsn, None, [self._event(event)])
                 changed += 1
                 if changed % SWEEP_SLICE == 0:

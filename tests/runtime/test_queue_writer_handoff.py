@@ -1,0 +1,404 @@
+"""Hand-off of one queue-writer partition between real processes (decision 0019, "Hand-off of a
+queue-writer partition"): two queue-writers on the real Apache Kafka broker, started as their
+console script, a light load of SEND commands put on the moved partition's command topic as
+the ingress puts them, and their replies read back from the ingress inbox.
+
+`move` below plays the operator's part (the operator does not drive moves yet): prefetch (the
+target pulls and imports the source's export while the source serves), pause (the source
+installs the new generation, its fence, and answers its digest), catch-up (the target pulls
+the export made after the fence; digests compared), commit (the target installs the
+generation and serves from the imported mark) and release (the source forgets its copy; its
+keeping time is 0 here). A pause past its budget, or
+digests that differ, roll back: a newer generation giving the partition back to the source,
+and the target forgets what it imported."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from aiokafka import TopicPartition
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+from relay_bus import clients, schemas, topics
+from relay_queues import ids
+from relay_queues import partition_state as ps
+from tests import helpers
+
+TOKEN = "handoff-token"
+AUTH = {"authorization": f"Bearer {TOKEN}"}
+PARTITIONS = 4
+MOVED = 1
+SEND_INTERVAL_S = 0.02
+LOAD_QUEUES = 4
+PER_QUEUE = 120
+
+
+def _env(kafka: helpers.Kafka, data_dir: Path, ordinal: int) -> dict[str, str]:
+    return {
+        **kafka.env(),
+        "RELAY_KAFKA__PARTITIONS": str(PARTITIONS),
+        "RELAY_ADMIN_TOKEN": TOKEN,
+        "RELAY_DATA__DIR": str(data_dir),
+        "RELAY_DATA__ORDINAL": str(ordinal),
+        "RELAY_DATA__REPLICAS": "1",
+    }
+
+
+@contextmanager
+def _one_then_two(kafka: helpers.Kafka, root: Path) -> Iterator[tuple[str, str]]:
+    """A pool of one queue-writer (generation 1: every partition on ordinal 0) and a second
+    one, started after it, owning nothing: the state before a scale from 1 to 2."""
+    with ExitStack() as stack:
+        a = stack.enter_context(
+            helpers.running_service("relay-queue-writer", 60, **_env(kafka, root / "d0", 0))
+        )
+        b = stack.enter_context(
+            helpers.running_service("relay-queue-writer", 60, **_env(kafka, root / "d1", 1))
+        )
+        yield a, b
+
+
+def _call(method: str, url: str, body: Any = None) -> httpx.Response:
+    return httpx.request(method, url, json=body, headers=AUTH, timeout=30)
+
+
+def _ok(response: httpx.Response) -> dict[str, Any]:
+    assert response.status_code == 200, response.text
+    body: dict[str, Any] = response.json()
+    return body
+
+
+def _install(url: str, generation: int, owners: list[int]) -> dict[str, Any]:
+    assignment = {"generation": generation, "partitions": PARTITIONS, "replicas": 2}
+    return _ok(_call("PUT", f"{url}/internal/ownership", {**assignment, "assignment": owners}))
+
+
+def _serving(*urls: str) -> list[list[int]]:
+    return [_ok(_call("GET", f"{url}/internal/ownership"))["serving"] for url in urls]
+
+
+def _one_owner(*urls: str) -> None:
+    flat = [p for share in _serving(*urls) for p in share]
+    assert len(flat) == len(set(flat)), f"two owners: {_serving(*urls)}"
+
+
+def _export(url: str, partition: int) -> dict[str, Any]:
+    return _ok(_call("GET", f"{url}/internal/partitions/{partition}/export"))
+
+
+def _import(url: str, state: dict[str, Any]) -> dict[str, Any]:
+    return _ok(_call("PUT", f"{url}/internal/partitions/{state['partition']}/import", state))
+
+
+def _pull(target: str, step: str, source: str, partition: int) -> dict[str, Any]:
+    """`prefetch` or `catch-up` on the target from the source."""
+    url = f"{target}/internal/partitions/{partition}/{step}"
+    return _ok(_call("POST", url, {"source": source}))
+
+
+def _digest(url: str, partition: int) -> str:
+    digest: str = _ok(_call("GET", f"{url}/internal/partitions/{partition}/state"))["digest"]
+    return digest
+
+
+@dataclass
+class Moved:
+    committed: bool
+    pause_s: float
+    source_digest: str
+    target_digest: str
+    prefetch_s: float
+    steps_s: dict[str, float] = field(default_factory=dict)
+    """Within the pause: the source's pause (its install), the catch-up, the commit."""
+
+
+def move(
+    source: str,
+    target: str,
+    partition: int,
+    before: list[int],
+    generation: int,
+    budget_s: float = 2.0,
+) -> Moved:
+    """Move `partition` from `source` to `target` (the operator's part, see the docstring)."""
+    after = list(before)
+    after[partition] = 1 - before[partition]
+    started = time.monotonic()
+    _pull(target, "prefetch", source, partition)  # the source keeps serving
+    prefetch_s = time.monotonic() - started
+    _one_owner(source, target)
+
+    assignment = {"generation": generation, "partitions": PARTITIONS, "replicas": 2}
+    paused = time.monotonic()
+    # pause: once it answers, the source applies no command of the partition
+    at_pause = _ok(
+        _call(
+            "POST",
+            f"{source}/internal/partitions/{partition}/pause",
+            {**assignment, "assignment": after},
+        )
+    )
+    fenced = time.monotonic()
+    assert not at_pause["serving"], at_pause
+    source_digest = at_pause["digest"]
+    target_digest = _pull(target, "catch-up", source, partition)["digest"]
+    copied = time.monotonic()
+    steps = {"pause": fenced - paused, "catch_up": copied - fenced}
+    pause_s = copied - paused
+    if pause_s > budget_s or source_digest != target_digest:
+        # Roll back: the source serves again under a newer generation giving it back, told
+        # first; the target forgets what it imported.
+        _install(source, generation + 1, before)
+        _install(target, generation + 1, before)
+        _ok(_call("DELETE", f"{target}/internal/partitions/{partition}"))
+        pause_s = time.monotonic() - paused
+        return Moved(False, pause_s, source_digest, target_digest, prefetch_s, steps)
+    taken = _install(target, generation, after)  # commit
+    steps["commit"] = time.monotonic() - copied
+    pause_s = time.monotonic() - paused
+    assert partition in taken["serving"], taken
+    _one_owner(source, target)
+    assert _digest(source, partition) == source_digest  # nothing changed it after the pause
+    _ok(_call("DELETE", f"{source}/internal/partitions/{partition}"))  # release
+    return Moved(True, pause_s, source_digest, target_digest, prefetch_s, steps)
+
+
+@dataclass
+class Load:
+    """SEND commands for `LOAD_QUEUES` queues on one partition, in turn, one every
+    `SEND_INTERVAL_S` until stopped (or `PER_QUEUE` sends each: below the quota of 128
+    messages a queue), each with its own body (its rank); replies read from the inbox by id."""
+
+    kafka: helpers.Kafka
+    origin: str = field(default_factory=lambda: f"handoff-{uuid.uuid4().hex[:8]}")
+    queues: list[tuple[str, str]] = field(default_factory=list)
+    """(recipient id, sender id) of each queue."""
+    sent: list[tuple[str, str, str]] = field(default_factory=list)
+    """(command id, queue, body) in the order put on Kafka."""
+    replies: dict[str, schemas.QueueReply] = field(default_factory=dict)
+    stop: threading.Event = field(default_factory=threading.Event)
+    created: threading.Event = field(default_factory=threading.Event)
+    done: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
+
+    def start(self, partition: int) -> None:
+        while len(self.queues) < LOAD_QUEUES:
+            queue, sender = ids.new_queue_ids(PARTITIONS)
+            if ids.partition_of(queue, PARTITIONS) == partition:
+                self.queues.append((queue, sender))
+        threading.Thread(target=self._thread, args=(partition,), daemon=True).start()
+        assert self.created.wait(60), self.error
+
+    def _thread(self, partition: int) -> None:
+        try:
+            asyncio.run(self._run(partition))
+        except BaseException as error:  # reported by the test
+            self.error = error
+        finally:
+            self.done.set()
+
+    def _request(self) -> dict[str, Any]:
+        deadline = time.time() * 1000 + 120_000
+        return {
+            "id": uuid.uuid4().hex,
+            "origin": self.origin,
+            "reply_slot": 0,
+            "deadline_ms": deadline,
+        }
+
+    async def _run(self, partition: int) -> None:
+        settings = self.kafka.settings()
+        producer = clients.producer(settings, f"{self.origin}-p")
+        consumer = clients.consumer(settings, f"{self.origin}-c", None)
+        await producer.start()
+        await consumer.start()
+        consumer.assign([TopicPartition(self.kafka.prefix + topics.INGRESS_INBOX, 0)])
+        commands = self.kafka.prefix + topics.QUEUE_COMMANDS
+        reader = asyncio.create_task(self._read(consumer))
+        try:
+            key = (
+                Ed25519PrivateKey.generate()
+                .public_key()
+                .public_bytes(Encoding.Raw, PublicFormat.Raw)
+            )
+            for queue, sender in self.queues:
+                create = schemas.CreateQueue(
+                    **self._request(), queue=queue, sender=sender, recipient_key=ids.b64u(key)
+                )
+                await producer.send_and_wait(commands, schemas.encode(create), partition=partition)
+                while create.id not in self.replies:
+                    await asyncio.sleep(0.05)
+                assert self.replies[create.id].status == 201, self.replies[create.id]
+            self.created.set()
+            rank = 0
+            while not self.stop.is_set() and rank < LOAD_QUEUES * PER_QUEUE:
+                queue, sender = self.queues[rank % LOAD_QUEUES]
+                body = f"m{rank:06d}"
+                send = schemas.SendMessage(
+                    **self._request(),
+                    sender=sender,
+                    msg_id=ids.new_id(),
+                    body=ids.b64u(body.encode()),
+                )
+                await producer.send_and_wait(commands, schemas.encode(send), partition=partition)
+                self.sent.append((send.id, queue, body))
+                rank += 1
+                await asyncio.sleep(SEND_INTERVAL_S)
+            deadline = time.monotonic() + 60
+            while any(i not in self.replies for i, _, _ in self.sent):
+                assert time.monotonic() < deadline, "replies missing"
+                await asyncio.sleep(0.05)
+        finally:
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
+            await producer.stop()
+            await consumer.stop()
+
+    async def _read(self, consumer: Any) -> None:
+        while True:
+            batches = await consumer.getmany(timeout_ms=200)
+            for records in batches.values():
+                for raw in records:
+                    record = schemas.decode(raw.value)
+                    if isinstance(record, schemas.QueueReply) and record.origin == self.origin:
+                        self.replies[record.id] = record
+
+    def finish(self) -> dict[str, list[str]]:
+        """Stop sending, wait for every reply; each queue's bodies acknowledged (201), in
+        send order."""
+        self.stop.set()
+        assert self.done.wait(90)
+        assert self.error is None, repr(self.error)
+        acknowledged: dict[str, list[str]] = {queue: [] for queue, _ in self.queues}
+        for i, queue, body in self.sent:
+            if self.replies[i].status == 201:
+                acknowledged[queue].append(body)
+        return acknowledged
+
+    def still_sending(self) -> bool:
+        return not self.done.is_set()
+
+
+def _bodies(url: str, partition: int) -> dict[str, list[str]]:
+    """Each queue's message bodies on the partition at `url`, in order."""
+    state = ps.from_json(_export(url, partition))
+    return {q.record.recipient_id: [m.body.decode() for m in q.messages] for q in state.queues}
+
+
+def test_a_partition_moves_from_one_instance_to_two_under_load(
+    kafka: helpers.Kafka, tmp_path: Path
+) -> None:
+    with _one_then_two(kafka, tmp_path) as (a, b):
+        assert _serving(a, b) == [[0, 1, 2, 3], []]
+        load = Load(kafka)
+        load.start(MOVED)
+        time.sleep(1.0)
+        moved = move(a, b, MOVED, [0, 0, 0, 0], generation=2)
+        assert load.still_sending()  # the move happened under the load
+        steps = ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in moved.steps_s.items())
+        print(
+            f"\nmove 1->2 of partition {MOVED}: pause {moved.pause_s * 1000:.0f} ms ({steps}), "
+            f"prefetch {moved.prefetch_s * 1000:.0f} ms, {len(load.sent)} sends so far"
+        )
+        assert moved.committed, moved
+        assert moved.source_digest == moved.target_digest
+        time.sleep(1.0)
+        acknowledged = load.finish()
+
+        assert _serving(a, b) == [[0, 2, 3], [1]]
+        assert sum(map(len, acknowledged.values())) == len(load.sent) > 20  # every one 201
+        # Every acknowledged message is on the target, in the order sent, and nothing else.
+        assert _bodies(b, MOVED) == acknowledged
+        # The source forgot its copy (release): the empty partition's digest.
+        assert _digest(a, MOVED) == ps.digest(ps.empty(MOVED, PARTITIONS))
+
+
+def test_a_pause_past_its_budget_rolls_back_and_the_source_serves_again(
+    kafka: helpers.Kafka, tmp_path: Path
+) -> None:
+    with _one_then_two(kafka, tmp_path) as (a, b):
+        load = Load(kafka)
+        load.start(MOVED)
+        time.sleep(0.5)
+        moved = move(a, b, MOVED, [0, 0, 0, 0], generation=2, budget_s=0.0)
+        assert load.still_sending()
+        print(f"\nrolled back move of partition {MOVED}: pause {moved.pause_s * 1000:.0f} ms")
+        assert not moved.committed
+        time.sleep(1.0)
+        acknowledged = load.finish()
+
+        assert _serving(a, b) == [[0, 1, 2, 3], []]
+        assert _ok(_call("GET", f"{b}/internal/ownership"))["generation"] == 3
+        assert sum(map(len, acknowledged.values())) == len(load.sent) > 10
+        assert _bodies(a, MOVED) == acknowledged
+        assert _digest(b, MOVED) == ps.digest(ps.empty(MOVED, PARTITIONS))
+
+
+def test_bad_hand_off_requests_are_refused_and_change_nothing(
+    kafka: helpers.Kafka, tmp_path: Path
+) -> None:
+    with _one_then_two(kafka, tmp_path) as (a, b):
+        load = Load(kafka)
+        load.start(MOVED)
+        load.finish()
+        good = _export(a, MOVED)
+        before = (_digest(a, MOVED), _digest(b, MOVED), _serving(a, b))
+        assert before[0] != before[1]
+        url = f"{b}/internal/partitions/{MOVED}"
+        dead = f"http://127.0.0.1:{helpers.free_port()}"
+        stay = {
+            "generation": 2,
+            "partitions": PARTITIONS,
+            "replicas": 2,
+            "assignment": [0, 0, 1, 0],
+        }
+        cases = [
+            (
+                _call("PUT", f"{b}/internal/partitions/{PARTITIONS}/import", good),
+                400,
+                "BAD_PARTITION",
+            ),
+            (_call("GET", f"{b}/internal/partitions/x/state"), 400, "BAD_PARTITION"),
+            (httpx.put(f"{url}/import", content=b"{", headers=AUTH), 400, "BAD_JSON"),
+            (_call("PUT", f"{url}/import", {**good, "digest": "0" * 64}), 400, "BAD_STATE"),
+            (_call("PUT", f"{url}/import", {**good, "mark": 5}), 400, "BAD_STATE"),
+            (_call("PUT", f"{b}/internal/partitions/2/import", good), 400, "PARTITION_MISMATCH"),
+            # a serves the partition: an import or a delete there would lose its commands
+            (
+                _call("PUT", f"{a}/internal/partitions/{MOVED}/import", good),
+                409,
+                "PARTITION_SERVED",
+            ),
+            (_call("DELETE", f"{a}/internal/partitions/{MOVED}"), 409, "PARTITION_SERVED"),
+            (httpx.put(f"{url}/import", json=good), 403, "FORBIDDEN"),
+            (httpx.get(f"{url}/export", headers={"authorization": "Bearer no"}), 403, "FORBIDDEN"),
+            (httpx.delete(url), 403, "FORBIDDEN"),
+            (_call("POST", f"{url}/prefetch", {"source": "nowhere"}), 400, "BAD_SOURCE"),
+            (_call("POST", f"{url}/prefetch", {"source": dead}), 502, "SOURCE_UNAVAILABLE"),
+            # a still serves it: no catch-up from it, and no pull into it
+            (_call("POST", f"{url}/catch-up", {"source": a}), 409, "SOURCE_SERVING"),
+            (
+                _call("POST", f"{a}/internal/partitions/{MOVED}/prefetch", {"source": b}),
+                409,
+                "PARTITION_SERVED",
+            ),
+            # a pause must take the partition from the instance paused
+            (_call("POST", f"{a}/internal/partitions/{MOVED}/pause", stay), 400, "NOT_A_MOVE"),
+            (_call("POST", f"{url}/pause", {"generation": 2}), 400, "BAD_ASSIGNMENT"),
+        ]
+        for response, status, code in cases:
+            assert (response.status_code, response.json()["error"]) == (status, code), response.text
+        assert (_digest(a, MOVED), _digest(b, MOVED), _serving(a, b)) == before
+        assert _ok(_call("GET", f"{a}/internal/ownership"))["generation"] == 1
+        # The same import twice gives the same state (idempotent).
+        assert _import(b, good)["digest"] == good["digest"] == _import(b, good)["digest"]
