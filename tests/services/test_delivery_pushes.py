@@ -83,3 +83,32 @@ async def test_a_takeover_starts_at_the_end_and_resyncs_what_redis_lists(redis_u
         assert (record.slot, record.conn) == (n % 3, f"c{n}")
     await pushes.close()
     await redis.aclose()
+
+
+async def test_a_writer_started_on_a_partition_restarts_its_queues_ordering(
+    redis_url: str,
+) -> None:
+    """A queue-writer that took a partition over (a move) counts lsns in its own journal,
+    possibly lower than the one before: after its `writer_started`, its events are not stale."""
+    redis = client.connect(redis_url)
+    registry = Subscriptions(redis)
+    bus = RecordingBus()
+    pushes = Pushes(bus, registry, PARTITIONS, "delivery-0")
+
+    async def no_ping(_: Received) -> None:
+        raise AssertionError("not a ping")
+
+    handle = pushes.handler(no_ping)
+    queue = ids.new_id()
+    partition = ids.partition_of(queue, PARTITIONS)
+    await registry.claim(partition, queue, 3, "c1", 1)
+    first, second = Head(ids.new_id(), 1, "Ym9keQ"), Head(ids.new_id(), 2, "YWdhaW4")
+    await handle(_event("subscribed", queue, 900, first, slot=3, conn="c1"))
+    assert _pushes(bus) == [("MSG", "c1", first.msg_id, 3)]
+    started = schemas.QueueEvent(event="writer_started", queue="", lsn=0)
+    await handle(Received(topics.QUEUE_EVENTS, partition, 901, None, started))
+    # The new writer answers the resync with the queue's head, at its own (lower) lsn.
+    await handle(_event("subscribed", queue, 5, first, slot=3, conn="c1"))
+    await handle(_event("changed", queue, 6, second))  # acked on the new writer: pushed
+    assert _pushes(bus)[-1] == ("MSG", "c1", second.msg_id, 3)
+    await pushes.close()
