@@ -111,3 +111,33 @@ def test_a_failed_read_fails_the_export_not_the_command(tmp_path: Path) -> None:
     finally:
         store.close()
         journal.close()
+
+
+def test_queues_of_partitions_not_served_are_left_to_their_owner(tmp_path: Path) -> None:
+    """A copy of a partition kept for a hand-off (held, not served) is not captured, neither
+    in the slices nor when a change to it is announced: it is in its owner's part."""
+    journal = QueueJournal(JournalSettings(root=tmp_path / "journal"))
+    store = StoreLog(StoreLogSettings(root=tmp_path / "store"))
+    try:
+        by_partition: dict[int, list[str]] = {0: [], 1: []}
+        while min(len(q) for q in by_partition.values()) < 3:
+            queue, sender = ids.new_queue_ids(2)
+            partition = ids.partition_of(queue, 2)
+            if len(by_partition[partition]) >= 3:
+                continue
+            store.new(QueueRecord(queue, sender, "key", 100, NOW, NOW))
+            journal.write(queue, ids.id_bytes(ids.new_id()), b"m", ts_ms=NOW)
+            by_partition[partition].append(queue)
+        cut = tables.Cut("e", NOW, {0: 5})
+        taking = capture.QueueCapture(
+            journal, store.queues, cut, served=lambda q: ids.partition_of(q, 2) == 0
+        )
+        taking.before_change(by_partition[1][0])  # a kept copy's queue: not read
+        assert taking.captured.early == 0
+        while not taking.step(2):
+            pass
+        assert sorted(row["queue"] for row in taking.captured.queues) == sorted(by_partition[0])
+        assert {row["queue"] for row in taking.captured.messages} == set(by_partition[0])
+    finally:
+        journal.close()
+        store.close()

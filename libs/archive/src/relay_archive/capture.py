@@ -15,6 +15,9 @@ Invariants:
   the cut is announced by `before_change`: commands, re-syncs; the owner holds expiry sweeps
   off until `done`);
 - queues created after the cut are not captured; a queue deleted after the cut is;
+- only queues `served` selects are captured: a copy of a partition the instance holds without
+  serving it (kept for a hand-off, `relay_queues.partition_state`) belongs to another owner's
+  part of the export;
 - reading a queue that was not open closes it again (`QueueJournal.messages(keep_open=False)`),
   so the export does not evict the busy queues;
 - a read that fails in `before_change` fails the export (`step` raises it), never the command.
@@ -25,7 +28,7 @@ Not thread-safe: runs on the owner's event loop, like the journal it reads.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from relay_archive import export, tables
@@ -45,12 +48,19 @@ class Captured:
 
 
 class QueueCapture:
-    def __init__(self, journal: QueueJournal, view: QueueView, cut: tables.Cut) -> None:
+    def __init__(
+        self,
+        journal: QueueJournal,
+        view: QueueView,
+        cut: tables.Cut,
+        served: Callable[[str], bool] = lambda _: True,
+    ) -> None:
         """Take the cut now: `view` is the store log's queue view at this command boundary,
-        `cut` the positions of that same boundary."""
+        `cut` the positions of that same boundary, `served` which queues this owner serves."""
         self.journal = journal
         self.view = view
         self.cut = cut
+        self.served = served
         self.captured = Captured()
         self._done: set[str] = set()
         self._pending: Iterator[QueueRecord] = iter(view.values())
@@ -68,7 +78,7 @@ class QueueCapture:
 
     def before_change(self, queue: str | None) -> None:
         """Called before a change to `queue` is applied (None: the command names no queue)."""
-        if self.finished or queue is None or queue in self._done:
+        if self.finished or queue is None or queue in self._done or not self.served(queue):
             return
         record = self.view.get(queue)
         if record is None:
@@ -94,7 +104,7 @@ class QueueCapture:
                 if record is None:
                     self.finished = True
                     return True
-                if record.recipient_id not in self._done:
+                if record.recipient_id not in self._done and self.served(record.recipient_id):
                     self._read(record)
             return False
         finally:

@@ -31,6 +31,7 @@ from relay_bus.consumers import Received
 from relay_bus.once import OncePerId
 from relay_queue_writer.commands import Commands
 from relay_queue_writer.stores import Stores
+from relay_queues import ids
 
 log = structlog.get_logger(__name__)
 
@@ -96,7 +97,14 @@ class AdminRequests:
             cut = tables.Cut(
                 self.bus.epoch or "", int(schemas.now_ms_()), self.commands.positions()
             )
-            taking = capture.QueueCapture(journal.journal, store.store.queues, cut)
+            serving = set(cut.offsets or {})
+            partitions = self.commands.partitions
+            taking = capture.QueueCapture(
+                journal.journal,
+                store.store.queues,
+                cut,
+                served=lambda queue: ids.partition_of(queue, partitions) in serving,
+            )
             self.commands.before_change = taking.before_change
             try:
                 finished = taking.step(EXPORT_SLICE)
