@@ -25,7 +25,7 @@ from typing import Any
 import structlog
 
 from relay_archive import capture, export, tables
-from relay_bus import schemas, topics
+from relay_bus import admin_replies, schemas
 from relay_bus.bus import Bus
 from relay_bus.consumers import Received
 from relay_bus.once import OncePerId
@@ -157,16 +157,7 @@ class AdminRequests:
     async def _answer(
         self, request: schemas.AdminRequest, partition: int, result: dict[str, Any]
     ) -> None:
-        if request.expired():
-            return
-        reply = schemas.AdminReply(
-            id=request.id,
-            origin=request.origin,
-            partition=partition,
-            instance=self.instance,
-            result=result,
-        )
-        await self.bus.send(topics.INGRESS_INBOX, reply, partition=request.reply_slot)
+        await admin_replies.answer(self.bus, request, partition, self.instance, result)
 
     async def close(self) -> None:
         await self._requests.cancel()

@@ -38,7 +38,7 @@ import pyarrow.parquet as pq
 import structlog
 
 from relay_archive import export, tables
-from relay_bus import schemas, topics
+from relay_bus import admin_replies, schemas
 from relay_bus.bus import Bus
 from relay_bus.consumers import Received
 from relay_bus.once import OncePerId
@@ -150,16 +150,7 @@ class RetainerExports:
     async def _answer(
         self, request: schemas.AdminRequest, partition: int, result: dict[str, Any]
     ) -> None:
-        if request.expired():
-            return
-        reply = schemas.AdminReply(
-            id=request.id,
-            origin=request.origin,
-            partition=partition,
-            instance=self.instance,
-            result=result,
-        )
-        await self.bus.send(topics.INGRESS_INBOX, reply, partition=request.reply_slot)
+        await admin_replies.answer(self.bus, request, partition, self.instance, result)
 
     async def close(self) -> None:
         await self._requests.cancel()

@@ -1,0 +1,28 @@
+"""Answers to the admin requests every owner runs once per id (`/admin/dump`, `/admin/export`).
+
+Invariant: one `admin_reply` per copy of the request read (one per partition), sent to the
+asking ingress's inbox slot, naming the partition and the instance; a request past its
+deadline is not answered (its asker stopped waiting).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from relay_bus import schemas, topics
+from relay_bus.bus import Bus
+
+
+async def answer(
+    bus: Bus, request: schemas.AdminRequest, partition: int, instance: str, result: dict[str, Any]
+) -> None:
+    if request.expired():
+        return
+    reply = schemas.AdminReply(
+        id=request.id,
+        origin=request.origin,
+        partition=partition,
+        instance=instance,
+        result=result,
+    )
+    await bus.send(topics.INGRESS_INBOX, reply, partition=request.reply_slot)
