@@ -25,17 +25,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import secrets
 from collections.abc import Iterable
 from typing import Any
 
-import httpx
 import structlog
 
-from relay_bus import schemas
 from relay_ds import targets
 from relay_ds.errors import Refused
 from relay_durable import codec
+from relay_retainer.kv_client import KvClient, KvUnreachable
 from relay_retainer.streams import StreamHost
 from relay_streams.store import StreamStore
 
@@ -61,13 +59,9 @@ class TargetSync:
         poll_s: float = POLL_S,
     ) -> None:
         self.host = host
-        self.urls = [u.rstrip("/") for u in urls]
-        self.instance = instance
-        self.timeout_s = timeout_s
+        self.kv = KvClient(urls, token, instance, timeout_s)
         self.poll_s = poll_s
         self.lock = asyncio.Lock()
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.http = httpx.AsyncClient(headers=headers, timeout=timeout_s + 2)
         self._task: asyncio.Task[None] | None = None
         self._applied: dict[str, str] = {}
         """The version of the record last applied, per database."""
@@ -83,7 +77,7 @@ class TargetSync:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        await self.http.aclose()
+        await self.kv.close()
 
     async def _poll(self) -> None:
         synced = False
@@ -137,31 +131,10 @@ class TargetSync:
             raise TargetsUnavailable(f"the target record of {name!r} is damaged: {error}") from None
 
     async def _coordinate(self, **fields: Any) -> dict[str, Any]:
-        request = schemas.KvRequest(
-            id=secrets.token_hex(12),
-            origin=self.instance,
-            reply_slot=0,
-            deadline_ms=schemas.now_ms_() + self.timeout_s * 1000,
-            ns=targets.NAMESPACE,
-            admin=True,
-            **fields,
-        )
-        errors = []
-        for url in self.urls:
-            try:
-                response = await self.http.post(
-                    f"{url}/internal/kv/coordinate", content=request.model_dump_json()
-                )
-                response.raise_for_status()
-            except httpx.HTTPError as error:
-                errors.append(f"{url}: {type(error).__name__}")
-                continue
-            answer: dict[str, Any] = response.json()
-            if answer.get("code") == "UNAVAILABLE":  # e.g. it does not know every peer yet
-                errors.append(f"{url}: {answer.get('detail', '')}")
-                continue
-            return answer
-        raise TargetsUnavailable(f"no replicator answered ({'; '.join(errors) or 'none set'})")
+        try:
+            return await self.kv.coordinate(targets.NAMESPACE, **fields)
+        except KvUnreachable as error:
+            raise TargetsUnavailable(str(error)) from None
 
 
 def _held(store: StreamStore, names: Iterable[str] | None) -> list[str]:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import secrets
 from collections.abc import Callable
 from typing import Any
 
@@ -32,6 +31,7 @@ from relay_bus import schemas
 from relay_durable import codec
 from relay_kv import codec as kv_codec
 from relay_kv import crdt
+from relay_retainer.kv_client import KvClient, KvUnreachable
 
 log = structlog.get_logger(__name__)
 
@@ -45,15 +45,13 @@ class ReplicationFailed(Exception):
 
 class RetainedReplication:
     def __init__(self, urls: list[str], token: str | None, instance: str, timeout_s: float) -> None:
-        self.urls = [u.rstrip("/") for u in urls]
-        self.instance = instance
-        self.timeout_s = timeout_s
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.http = httpx.AsyncClient(headers=headers, timeout=timeout_s + 2)
+        self.kv = KvClient(urls, token, instance, timeout_s)
+        self.urls = self.kv.urls
+        self.http = self.kv.http
         self._chains: dict[str, asyncio.Future[None]] = {}
 
     async def close(self) -> None:
-        await self.http.aclose()
+        await self.kv.close()
 
     async def replicate(self, topic: str, payload: bytes, ts: int, expiry_s: int | None) -> None:
         """Write (or, with an empty payload, delete) `topic`'s message on a quorum, after every
@@ -77,30 +75,13 @@ class RetainedReplication:
                 del self._chains[topic]
 
     async def _coordinate(self, **fields: Any) -> dict[str, Any]:
-        request = schemas.KvRequest(
-            id=secrets.token_hex(12),
-            origin=self.instance,
-            reply_slot=0,
-            deadline_ms=schemas.now_ms_() + self.timeout_s * 1000,
-            ns=NAMESPACE,
-            admin=True,
-            **fields,
-        )
-        errors = []
-        for url in self.urls:
-            try:
-                response = await self.http.post(
-                    f"{url}/internal/kv/coordinate", content=request.model_dump_json()
-                )
-                response.raise_for_status()
-            except httpx.HTTPError as error:
-                errors.append(f"{url}: {type(error).__name__}")
-                continue
-            body: dict[str, Any] = response.json()
-            if body.get("code") is not None:
-                raise ReplicationFailed(f"{body['code']}: {body.get('detail', '')}")
-            return body
-        raise ReplicationFailed(f"no replicator answered ({'; '.join(errors) or 'none set'})")
+        try:
+            body = await self.kv.coordinate(NAMESPACE, **fields)
+        except KvUnreachable as error:
+            raise ReplicationFailed(str(error)) from None
+        if body.get("code") is not None:
+            raise ReplicationFailed(f"{body['code']}: {body.get('detail', '')}")
+        return body
 
     async def scan_all(
         self, wanted: Callable[[str], bool]
