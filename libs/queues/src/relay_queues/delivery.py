@@ -11,7 +11,9 @@ Invariants (BRIEF §4, Delivery):
   never takes a queue from a newer one, and gets END instead; the same subscription told again
   (a resync after a queue-writer restart) gets only a head it does not have yet;
 - events apply in the queue-writer's order: an event with an lsn older than one already applied
-  to the queue is ignored (records may be reordered by a producer retry);
+  to the queue is ignored (records may be reordered by a producer retry); a new writer of a
+  partition counts in its own journal, so its start restarts that order (`new_writer`) and
+  keeps the rest (who is subscribed, which head is handed out);
 - only queues with a subscriber or a handed-out head are kept in memory.
 
 Pure logic: the delivery service feeds it the queue-writer's events and sends what it returns.
@@ -194,6 +196,13 @@ class Deliveries:
             state.subscriber = None
             if state.handed is None:
                 del self._queues[queue]
+
+    def new_writer(self, which: Callable[[str], bool]) -> None:
+        """A queue-writer started on the queues `which` selects: their events' lsns are its
+        journal's from now on, not comparable with the previous writer's."""
+        for queue, state in self._queues.items():
+            if which(queue):
+                state.lsn = -1
 
     def forget(self, which: Callable[[str], bool]) -> None:
         """Drop the queues `which` selects (their partitions were revoked, or are resynced)."""

@@ -15,10 +15,11 @@ Invariants:
   `registered` notice arrives, if the registry still names it (a notice read again after a
   restart may be of a subscriber taken over since: that one gets END, not the queue);
 - when a queue-writer says it started on a partition (`writer_started`: the events it had made
-  durable but not sent died with its predecessor), what was known of the partition's queues is
-  forgotten (the new writer's lsns are its own journal's, which may count lower after a
-  partition moved to it) and every subscription the registry lists for the partition is
-  resynced, so a head that changed meanwhile reaches its subscriber.
+  durable but not sent died with its predecessor), the lsn order of the partition's queues
+  starts again (the new writer's lsns are its own journal's, which may count lower after a
+  partition moved to it; who is subscribed and which head is out are kept) and every
+  subscription the registry lists for the partition is resynced, so a head that changed
+  meanwhile reaches its subscriber.
 """
 
 from __future__ import annotations
@@ -142,7 +143,7 @@ class Pushes:
                 log.info("queue_writer_started", partition=partition)
                 # Its lsns are its own journal's: a writer that took the partition over from
                 # another (a move) may count lower, and its events would read as stale.
-                d.forget(lambda q: ids.partition_of(q, self.partitions) == partition)
+                d.new_writer(lambda q: ids.partition_of(q, self.partitions) == partition)
                 self._start_resync([partition], end_previous=False)
                 pushes = []
             case "registered" if subscriber is not None:
