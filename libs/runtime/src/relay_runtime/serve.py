@@ -61,20 +61,26 @@ class _Server(uvicorn.Server):
         self._lame_duck = lame_duck
         self._budget_s = budget_s
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._ducking: asyncio.Future[None] | None = None
+        self._ducking = False
+        self._duck_task: asyncio.Task[None] | None = None
+        """Kept referenced while it runs (the loop holds only weak references to tasks)."""
 
     async def serve(self, sockets: list[socket.socket] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
         await super().serve(sockets)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        if sig != signal.SIGTERM or self._ducking is not None or self._loop is None:
+        if sig != signal.SIGTERM or self._ducking or self._loop is None:
             super().handle_exit(sig, frame)
             return
         self._captured_signals.append(sig)  # re-raised after serving, as uvicorn does
         loop = self._loop
-        self._ducking = loop.create_future()
-        loop.call_soon_threadsafe(lambda: loop.create_task(self._duck()))
+        self._ducking = True
+
+        def start() -> None:
+            self._duck_task = loop.create_task(self._duck(), name="lame-duck")
+
+        loop.call_soon_threadsafe(start)
 
     async def _duck(self) -> None:
         try:
