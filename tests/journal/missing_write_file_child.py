@@ -1,5 +1,6 @@
 """Child process for `test_missing_write_file_report`: writes and acks one queue as the case
-says, with a checkpoint after the first three writes (so `queue.log` records them), makes the
+says, with the queue closed and a checkpoint after the first three writes (so `queue.log` records
+them: closing writes its line; a checkpoint alone would table them), makes the
 log durable, prints `recorded <write file the checkpoint recorded> <queue folder>`, and
 SIGKILLs itself.
 
@@ -29,6 +30,7 @@ def main(root: Path, queue: str, case: str) -> None:
     journal = QueueJournal(small(root, max_queue_messages=4, max_file_messages=5))
     for n in (1, 2, 3):
         journal.write(queue, mid(n), f"m{n}".encode(), ts_ms=n)
+    journal.close_idle(0)
     journal.checkpoint()
     folder = journal.layout.paths(journal.root, queue)[0]
     # structlog's default output (the journal's own lines) goes to stdout too: a marked line

@@ -13,8 +13,10 @@ Invariants:
   `HANDLES_KEPT_FREE`, or `max_open_files`) the least recently used handles are closed while
   their queues stay open (`relay_journal.handles`);
 - refused operations (quota, suspended, wrong ack, bad id) change nothing;
-- a checkpoint writes every dirty queue's state line, flushes the filesystem (syncfs), then
-  starts a new WAL segment and deletes the old ones;
+- a checkpoint writes one tail table (`relay_journal.tail`: the state and buffered appends of
+  every queue whose queue.log is behind; a queue writes its own line when it closes), flushes
+  the filesystem (syncfs), puts the table in force, then starts a new WAL segment and deletes
+  the old ones;
 - marks (`mark`) are logged in order with the changes and carried by every checkpoint: after a
   crash, `marks` holds each key's last value whose record is durable, so a caller that marks
   what it is about to apply before applying it never applies it twice;
@@ -40,7 +42,7 @@ from pathlib import Path
 import structlog
 
 from relay_durable.appendlog import fsync_dir
-from relay_journal import errors, keys, layout, records
+from relay_journal import errors, keys, layout, records, tail
 from relay_journal.handles import Handles
 from relay_journal.queue import OpenQueue, new_file_id, read_state_file, span_bytes
 from relay_journal.records import (
@@ -151,6 +153,9 @@ class QueueJournal:
         self.sent_keys = keys.SentKeys(self.root, settings.send_key_window_s * 1000)
         """Send key → the first message written with it, for the window."""
         self.sent_keys.load(_now_ms())
+        self._tail = tail.load(self.root)
+        """Queue id → its entry in the tail table in force, for queues not loaded since open
+        (a loaded queue's entry is applied and dropped; the next table carries the rest)."""
         segments = list_segments(self.root)
         self.wal = Wal(
             self.root,
@@ -169,7 +174,13 @@ class QueueJournal:
             queue.last_used = time.monotonic()
             return queue
         layout.validate_queue_id(queue_id, self.layout.longest)
-        queue = OpenQueue.load(queue_id, self.layout.paths(self.root, queue_id), self.settings)
+        carried = self._tail.pop(queue_id, None)
+        queue = OpenQueue.load(
+            queue_id,
+            self.layout.paths(self.root, queue_id),
+            self.settings,
+            None if carried is None else tail.entry(carried),
+        )
         if queue.missing is not None:
             if self._replaying:  # the replay may acknowledge them: report what it does not
                 self._missing_in_replay[queue_id] = queue.missing
@@ -445,8 +456,9 @@ class QueueJournal:
     def stats(self) -> Iterator[tuple[str, int, int]]:
         """(queue id, messages, message bytes) of every queue holding something, lazily. Closed
         queues are read from their state line without being opened (a closed queue's line is
-        current: closing writes it), so this costs one small read per queue on disk and no
-        memory; callers may yield to other work between items."""
+        current: closing writes it; or its tail table entry, when newer), so this costs one
+        small read per queue on disk and no memory; callers may yield to other work between
+        items."""
         seen = set()
         for queue_id, queue in list(self._open.items()):
             seen.add(queue_id)
@@ -458,6 +470,10 @@ class QueueJournal:
                     continue
                 seen.add(queue_id)
                 state, _ = read_state_file(queue_id, folder)
+                carried = self._tail.get(queue_id)
+                if carried is not None:
+                    newer = tail.entry(carried).state
+                    state = newer if state is None or newer.lsn > state.lsn else state
                 if state is not None and state.size:
                     yield queue_id, state.size, span_bytes(folder, state)
 
@@ -478,14 +494,26 @@ class QueueJournal:
         self.wal.sync_to(self.wal.written_lsn)
 
     def checkpoint(self, *, last: bool = False) -> None:
-        """Write dirty state lines, flush the filesystem, start a new WAL segment, delete the
-        old ones (one may become the next spare). After it, opening replays nothing written
+        """Write the tail table (every queue whose queue.log is behind, with its buffered
+        appends up to `tail_unwritten_bytes` in all; the rest are written to their files),
+        flush the filesystem, put the table in force, start a new WAL segment, delete the old
+        ones (one may become the next spare). After it, opening replays nothing written
         before it. The `last` one (closing) leaves the spare for the next open."""
         self.wal.flush()
+        budget = self.settings.tail_unwritten_bytes
+        entries: list[bytes] = []
         for queue in self._open.values():
-            queue.save_state(self.settings)
+            carry = queue.unwritten_bytes <= budget
+            record = queue.tail_record(carry=carry)
+            if record is not None:
+                entries.append(record)
+                budget -= queue.unwritten_bytes if carry else 0
+        entries.extend(self._tail.values())
+        pending = tail.write_pending(self.root, entries)
         self.sent_keys.persist(_now_ms())  # durable by the syncfs, before the WAL is retired
         _syncfs(self.root)
+        tail.install(pending)
+        fsync_dir(self.root)
         old = self.wal.rotate(last=last)
         self._segment_limit = self._prepare_step or self.settings.wal_segment_bytes
         self.wal.append(LogRecord(Op.CHECKPOINT, self.wal.next_lsn(), "", marks=dict(self.marks)))

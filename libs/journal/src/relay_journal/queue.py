@@ -1,9 +1,10 @@
 """One queue's folder: message files and the `queue.log` state file (seed 000's algorithm).
 
 Invariants:
-- `state` in memory is the queue's truth; `queue.log` holds it as of `state.lsn` (written at
-  checkpoints and on close, appended, last valid line wins) and the write-ahead log holds every
-  change after that, so a state line never needs to be fsynced on the write path;
+- `state` in memory is the queue's truth; `queue.log` holds it as of the last close (appended,
+  last valid line wins), the checkpoint's tail table (`relay_journal.tail`) as of the last
+  checkpoint when that is newer, and the write-ahead log holds every change after that, so a
+  state line never needs to be fsynced on the write path;
 - on load, message files are truncated to the recorded write position (bytes past it were never
   acknowledged) and every missing-file combination is repaired with a warning (a missing write
   file is reported by the journal, after any replay: `missing`); the write file is
@@ -16,7 +17,8 @@ Invariants:
   exactly what the live write did;
 - live appends to the write file are coalesced (one pwrite for up to `UNWRITTEN_LIMIT` bytes of
   records): the log already holds them, and they reach the file before anything reads the file,
-  rotates or closes it, or writes a state line that counts them. Buffering needs no open
+  rotates or closes it, or writes a state line that counts them (a tail table entry carries them
+  instead). Buffering needs no open
   handle once the write file has been opened (and truncated to its recorded position) in this
   queue's life: nothing else writes it, so its length stays where the last write left it.
 """
@@ -31,7 +33,7 @@ from pathlib import Path
 
 import structlog
 
-from relay_journal import errors, layout, records
+from relay_journal import errors, layout, records, tail
 from relay_journal.handles import Handles
 from relay_journal.records import Message, Pos, QueueState
 from relay_journal.settings import JournalSettings
@@ -105,17 +107,39 @@ class OpenQueue:
     # -- loading ---------------------------------------------------------------------------
 
     @classmethod
-    def load(cls, queue_id: str, candidates: list[Path], settings: JournalSettings) -> OpenQueue:
+    def load(
+        cls,
+        queue_id: str,
+        candidates: list[Path],
+        settings: JournalSettings,
+        carried: tail.Entry | None = None,
+    ) -> OpenQueue:
+        """The queue as its folder holds it, or as `carried` (its entry in the checkpoint's
+        tail table) holds it when that is newer than its `queue.log`."""
         for folder in candidates:
             if (folder / STATE_FILE).exists():
-                return cls._load_folder(queue_id, folder, settings)
+                return cls._load_folder(queue_id, folder, settings, carried)
             if folder.exists() and any(folder.glob("messages.*.log")):
-                return cls._load_folder(queue_id, folder, settings)
+                return cls._load_folder(queue_id, folder, settings, carried)
         return cls(queue_id, candidates[0], fresh_state(), on_disk=False, state_lines=0)
 
     @classmethod
-    def _load_folder(cls, queue_id: str, folder: Path, settings: JournalSettings) -> OpenQueue:
+    def _load_folder(
+        cls, queue_id: str, folder: Path, settings: JournalSettings, carried: tail.Entry | None
+    ) -> OpenQueue:
         state, lines = read_state_file(queue_id, folder)
+        line_lsn = -1 if state is None else state.lsn
+        if carried is not None and carried.state.lsn > line_lsn:
+            # The table is newer than queue.log: its buffered appends go where it says, in its
+            # write file (they end at its recorded write position, which nothing passed).
+            if carried.unwritten:
+                path = message_file(folder, carried.state.write.file)
+                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+                try:
+                    os.pwrite(fd, carried.unwritten, carried.unwritten_at)
+                finally:
+                    os.close(fd)
+            state = carried.state
         rebuilt = state is None
         if state is None:
             state = _rebuild_state(queue_id, folder)
@@ -124,6 +148,8 @@ class OpenQueue:
         queue = cls(queue_id, folder, repaired, on_disk=True, state_lines=lines)
         queue.rebuilt = rebuilt
         queue.missing = missing
+        if state.lsn != line_lsn:
+            queue.written_lsn = line_lsn  # queue.log is behind: the next checkpoint tables it
         if lines == 0 or lines > settings.state_compact_lines or repaired != state:
             queue.compact(settings)  # record a repair once, not at every load
         return queue
@@ -418,6 +444,25 @@ class OpenQueue:
             self.close_files()
 
     # -- state file ------------------------------------------------------------------------
+
+    def tail_record(self, *, carry: bool) -> bytes | None:
+        """This queue's entry for the checkpoint's tail table, or None when `queue.log` is
+        current and nothing is buffered. `carry`: the buffered appends travel in the entry
+        and stay buffered; otherwise they are written to the write file first."""
+        if not self.on_disk or (self.written_lsn == self.state.lsn and not self._unwritten):
+            return None
+        if not carry:
+            self._write_unwritten(transient=True)
+        return tail.encode(
+            self.id_bytes,
+            records.encode_state(self.state),
+            self._unwritten_at,
+            b"".join(self._unwritten),
+        )
+
+    @property
+    def unwritten_bytes(self) -> int:
+        return self._unwritten_bytes
 
     def save_state(self, settings: JournalSettings) -> bool:
         """Append the state line if it changed; True if something was written."""

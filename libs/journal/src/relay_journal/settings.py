@@ -39,6 +39,10 @@ class JournalSettings:
     send_key_window_s: int = 24 * 3600
     """How long a send key (`QueueJournal.write(key=...)`) is answered after its message's
     timestamp; its key file is deleted within a 24th of this after (`relay_journal.keys`)."""
+    tail_unwritten_bytes: int = 64 * 1024 * 1024
+    """Buffered appends a checkpoint's tail table carries in all (`relay_journal.tail`); a
+    queue's beyond it are written to its write file at the checkpoint instead. Bounds the
+    table's size and the memory buffered appends hold across checkpoints."""
     state_compact_lines: int = 16  # queue.log lines before it is compacted to one
     state_backups_keep: int = 3  # newest queue.<ts>.log backups always kept
     state_backups_max_age_s: int = 7 * 24 * 3600  # older backups beyond the newest N are removed
