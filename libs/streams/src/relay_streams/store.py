@@ -34,6 +34,7 @@ from relay_ds.view import View
 from relay_streams import catalog, sites
 from relay_streams.database import Database, GenerationInfo
 from relay_streams.errors import BadInput, Closed, NotFound
+from relay_streams.marks import Mark
 from relay_streams.model import Message, NextResult, RankedStream
 from relay_streams.settings import DbSettings
 
@@ -137,9 +138,14 @@ class StreamStore:
     # -- the emqx_ds-style calls -----------------------------------------------------------
 
     def store_batch(
-        self, db: str, messages: Iterable[Message | tuple[str, bytes]], sync: bool = True
+        self,
+        db: str,
+        messages: Iterable[Message | tuple[str, bytes]],
+        sync: bool = True,
+        positions: Sequence[Mark | None] | None = None,
     ) -> None:
-        self.db(db).store_batch(messages, sync)
+        """`Database.store_batch` (`positions`: where each message came from in the log)."""
+        self.db(db).store_batch(messages, sync, positions)
 
     def get_streams(self, db: str, topic_filter: str, start: int = 0) -> list[RankedStream]:
         return self.db(db).get_streams(topic_filter, start)
