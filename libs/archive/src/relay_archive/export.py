@@ -3,9 +3,10 @@ read through its own engines (never by parsing their files), as of its position 
 
 The queue-writer's position is exact: before applying a command it marks `<epoch>:<next
 offset>` per partition in its journal, in order with the changes (`relay_queue_writer.commands`),
-so the marks are the cut. The retainer keeps no such marks (its consumer commits offsets to
-Kafka): its export is taken as of everything it read, which for a stopped retainer that had
-caught up is the archive's end.
+so the marks are the cut. The retainer's stores keep marks in the batches of their writes
+(`relay_streams.marks`), which an online export reads from its checkpoint (`retainer_cut`);
+an offline export of a stopped retainer is taken as of everything it read, which for one that
+had caught up is the archive's end.
 
 Invariants: an export never changes what the engines hold beyond what opening them does (the
 recovery every start runs); a data dir whose marks name two epochs is refused
@@ -18,7 +19,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from relay_archive import tables
+from relay_archive import standing, tables
 from relay_durable import codec
 from relay_journal.journal import QueueJournal
 from relay_journal.records import Message
@@ -152,21 +153,50 @@ def stream_rows(root: Path) -> list[dict[str, object]]:
     return rows
 
 
+def retainer_cut(
+    data_dir: Path, epoch: str, partitions: list[int]
+) -> tuple[dict[int, dict[str, int]], dict[int, dict[str, int]]]:
+    """The exact part of a retainer's cut, read from the marks of a (checkpoint) data dir's
+    stores (`tables.Cut.stores`, `shards`): per partition, per store whose position is known,
+    the first offset of log `epoch` whose write it does not hold; and per partition, each
+    stream database's shard count."""
+    stores: dict[int, dict[str, int]] = {p: {} for p in partitions}
+    shards: dict[int, dict[str, int]] = {p: {} for p in partitions}
+    with RetainedStore(data_dir / "retained") as retained:
+        for p, offset in retained.marks.cut(epoch, partitions).items():
+            stores[p][standing.RETAINED] = offset
+    if (data_dir / "streams").is_dir():
+        streams = StreamStore(data_dir / "streams")
+        try:
+            for name in streams.list_dbs():
+                db = streams.open_db(name)
+                for shard, marks in enumerate(db.marks()):
+                    for p, offset in marks.cut(epoch, partitions).items():
+                        stores[p][standing.stream_store(name, shard)] = offset
+                for p in partitions:
+                    shards[p][name] = len(db.shards)
+        finally:
+            streams.close()
+    return stores, shards
+
+
 PUBLICATIONS_CUT_FILE = "publications-{name}.json"
 
 
 def write_retainer_cut(out: Path, name: str, cut: tables.Cut) -> None:
-    """A retainer's bounded cut of the publications (`tables.Cut.publications*`)."""
+    """A retainer's cut of the publications (`tables.Cut.publications*`, `stores`)."""
     (out / PUBLICATIONS_CUT_FILE.format(name=name)).write_text(cut.to_json())
 
 
 def read_cut(out: Path, at_ms: int) -> tables.Cut:
     """The cut of a whole export, taken at `at_ms`: every queue-writer's command offsets and,
-    for an online export, every retainer's bounded publications cut (all of one epoch; the
-    epoch is "" when no part names one)."""
+    for an online export, every retainer's publications cut (all of one epoch; the epoch is ""
+    when no part names one)."""
     epochs, offsets = set(), {}
     lower: dict[int, int] | None = None
     upper: dict[int, int] | None = None
+    stores: dict[int, dict[str, int]] = {}
+    shards: dict[int, dict[str, int]] = {}
     for path in sorted(out.glob(CUT_FILE.format(name="*"))):
         cut = tables.Cut.from_json(path.read_text())
         if cut.epoch:
@@ -177,11 +207,13 @@ def read_cut(out: Path, at_ms: int) -> tables.Cut:
         epochs.add(cut.epoch)
         lower = {**(lower or {}), **(cut.publications or {})}
         upper = {**(upper or {}), **(cut.publications_upto or {})}
+        stores.update(cut.stores)  # each retainer's partitions are its own
+        shards.update(cut.shards)
     if len(epochs) > 1:
         raise ExportError(f"{out}: cuts name {len(epochs)} epochs ({sorted(epochs)}), need one")
     # No epoch: no owner had applied a command (an offline export of idle queue-writers); the
     # caller takes the archive's only epoch.
-    return tables.Cut(epochs.pop() if epochs else "", at_ms, offsets, lower, upper)
+    return tables.Cut(epochs.pop() if epochs else "", at_ms, offsets, lower, upper, stores, shards)
 
 
 EVERY_TABLE = ("queues", "messages", "retained", "streams")
