@@ -1,31 +1,36 @@
 """Online exports at the retainer (`POST /admin/export`, an `admin` request with op `export`
 on every partition of `relay.publications`): the retained messages and durable streams as of
-a bounded cut of the publications, written as Parquet in the layout of `relayctl export`.
+an exact cut of the publications per store, written as Parquet in the layout of `relayctl
+export`, without holding a write back.
 
-How (`relay_archive.tables.Cut.publications*`):
+How: every write carries its record's log position into its store's write batch (the marks
+of the retained store and of each stream shard, `relay_streams.marks`), so a RocksDB
+checkpoint taken at any moment says exactly which records it holds.
 1. once the request has arrived on every partition this retainer owns (so each has a
-   position), note `lower`: per partition, the offset after the last record received;
-2. yield once, so that the operations started for records before `lower` hand their writes
-   over (a stream write is handed over in its task's first step, a retained one at once), then
-   wait until every write handed over so far is settled (`Rounds.settled`);
-3. in one step of the event loop (no await), note `upper` the same way and hold the write
-   rounds not started yet (`Rounds.hold`; writes are still handed over, the event loop runs
-   on: reads, answers, the consumer), then take RocksDB checkpoints of the retained store and
-   of every stream shard on a thread (hard links and a memtable flush), and release the
-   rounds: writes wait for the checkpoints only, reported as `pause_ms`;
-4. on a thread, export the checkpoint through the engines (`relay_archive.export`), write the
-   cut, remove the checkpoint.
+   position), note `lower` (per partition, the offset after the last record received), yield
+   once (operations started for earlier records hand their writes over in their first step)
+   and wait until the writes handed over so far are settled (`Rounds.settled`: a wait of the
+   export, not of the writers);
+2. take RocksDB checkpoints of the retained store and of every stream shard on a thread
+   (memtables flushed in RocksDB's background first: `relay_streams.checkpoints`) while
+   writes go on, then note `upper`;
+3. on a thread, read each store's marks from the checkpoint (`relay_archive.export.
+   retainer_cut`: per partition and store, the first offset whose write it does not hold),
+   export the checkpoint through the engines, write the cut, remove the checkpoint.
 
-Invariants: everything received before `lower` is in the export; nothing received at or after
-`upper` is (its write was handed over after `upper`, so into a round held until the
-checkpoints were taken); what lies between may or may not be, and
-the rebuild counts it as unanswered (uncertain). The consumer never waits for an export;
-writes go on while it runs; each request id runs once and is answered once per partition.
+Invariants: where a store's marks are known (every store made with marks) the cut is exact
+for it (`tables.Cut.stores`); where not (a store from a build before marks, for a partition
+it holds no mark of), everything received before `lower` is in the export and nothing
+received from `upper` on, and the rebuild counts the window as unanswered. The writers never
+wait for an export: the longest time a write waited from hand-over to its outcome while the
+export ran is reported (`pause_ms`) to show it. The consumer never waits for an export; each
+request id runs once and is answered once per partition.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import shutil
 import time
@@ -37,7 +42,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import structlog
 
-from relay_archive import export, tables
+from relay_archive import export, standing, tables
 from relay_bus import admin_replies, schemas
 from relay_bus.bus import Bus
 from relay_bus.consumers import Received
@@ -100,35 +105,46 @@ class RetainerExports:
 
     async def _export(self, request: schemas.AdminRequest) -> dict[str, Any]:
         started = time.perf_counter()
-        lower = {p: self.positions[p] for p in sorted(self.owned)}
-        await asyncio.sleep(0)  # operations started before `lower` hand their writes over
-        await asyncio.gather(self.streams.settled(), self.retained.settled())
-        folder = self.data_dir / "exports" / request.id
-        copy = folder / f".checkpoint-{self.instance}"
-        # One step of the event loop: `upper`, and no round starts writing from here until the
-        # checkpoints are taken (a round already writing holds only writes before `upper`).
-        upper = {p: self.positions[p] for p in sorted(self.owned)}
-        at_ms = int(schemas.now_ms_())
-        paused = time.perf_counter()
-        self.streams.hold_writes()
-        self.retained.hold_writes()
+        watches = (self.streams.watch(), self.retained.watch())
         try:
+            lower = {p: self.positions[p] for p in sorted(self.owned)}
+            await asyncio.sleep(0)  # operations started before `lower` hand their writes over
+            await asyncio.gather(self.streams.settled(), self.retained.settled())
+            folder = self.data_dir / "exports" / request.id
+            copy = folder / f".checkpoint-{self.instance}"
+            at_ms = int(schemas.now_ms_())
             await asyncio.to_thread(self._checkpoint, copy)
+            upper = {p: self.positions[p] for p in sorted(self.owned)}
+            epoch = self.bus.epoch or ""
+            counts, cut = await asyncio.to_thread(
+                self._write, copy, folder, tables.Cut(epoch, at_ms, None, lower, upper)
+            )
+            await asyncio.gather(self.streams.settled(), self.retained.settled())
         finally:
-            self.streams.release_writes()
-            self.retained.release_writes()
-        pause_ms = (time.perf_counter() - paused) * 1000
-        cut = tables.Cut(self.bus.epoch or "", at_ms, None, lower, upper)
-        counts = await asyncio.to_thread(self._write, copy, folder, cut)
-        log.info("export_written", folder=str(folder), pause_ms=round(pause_ms, 3), **counts)
+            self.streams.unwatch(watches[0])
+            self.retained.unwatch(watches[1])
+        pause_ms = max(watch.longest_ms for watch in watches)
+        writes = sum(watch.writes for watch in watches)
+        exact = all(wanted <= set(cut.stores[p]) for p, wanted in _every_store(cut).items())
+        log.info(
+            "export_written",
+            folder=str(folder),
+            pause_ms=round(pause_ms, 3),
+            writes=writes,
+            exact=exact,
+            **counts,
+        )
         return {
             "folder": str(folder),
             "epoch": cut.epoch,
             "at_ms": at_ms,
-            "publications": {str(p): o for p, o in lower.items()},
-            "publications_upto": {str(p): o for p, o in upper.items()},
+            "publications": {str(p): o for p, o in (cut.publications or {}).items()},
+            "publications_upto": {str(p): o for p, o in (cut.publications_upto or {}).items()},
+            "stores": {str(p): by for p, by in cut.stores.items()},
+            "exact": exact,
             **counts,
             "pause_ms": round(pause_ms, 3),
+            "writes_during": writes,
             "total_s": round(time.perf_counter() - started, 3),
         }
 
@@ -137,15 +153,22 @@ class RetainerExports:
         self.streams.store.checkpoint(copy / "streams")
         self.retained.store.checkpoint(copy / "retained")
 
-    def _write(self, copy: Path, folder: Path, cut: tables.Cut) -> dict[str, int]:
+    def _write(
+        self, copy: Path, folder: Path, bounds: tables.Cut
+    ) -> tuple[dict[str, int], tables.Cut]:
+        """The checkpoint's part and its cut: `bounds` (the observed `lower`/`upper`), exact
+        per store where the checkpoint's marks are known."""
         try:
+            partitions = sorted(self.owned)
+            stores, shards = export.retainer_cut(copy, bounds.epoch, partitions)
+            cut = dataclasses.replace(bounds, stores=stores, shards=shards)
             retained = export.export_retainer(copy, folder, self.instance)
             export.write_retainer_cut(folder, self.instance, cut)
         finally:
             shutil.rmtree(copy, ignore_errors=True)
         part = folder / "streams" / f"{self.instance}.parquet"
         streams = pq.read_metadata(part).num_rows if part.exists() else 0
-        return {"retained": retained, "streams": streams}
+        return {"retained": retained, "streams": streams}, cut
 
     async def _answer(
         self, request: schemas.AdminRequest, partition: int, result: dict[str, Any]
@@ -154,3 +177,17 @@ class RetainerExports:
 
     async def close(self) -> None:
         await self._requests.cancel()
+
+
+def _every_store(cut: tables.Cut) -> dict[int, set[str]]:
+    """Per partition, every store the cut should place: the retained store and each shard of
+    each stream database."""
+    return {
+        p: {standing.RETAINED}
+        | {
+            standing.stream_store(db, s)
+            for db, n in cut.shards.get(p, {}).items()
+            for s in range(n)
+        }
+        for p in (cut.publications or {})
+    }

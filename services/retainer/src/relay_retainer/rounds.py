@@ -9,8 +9,10 @@ Invariants:
 - a round refused as a whole for one write's sake (`split_on`) is applied again one write at a
   time, in order, so only the offending writes are refused;
 - `stop` finishes the writes already handed over, then takes no more;
-- `settled` waits for the writes handed over before it, and `hold` keeps rounds not yet
-  started from writing until `release` (an online export's barrier and checkpoint).
+- `settled` waits for the writes handed over before it; nothing ever holds the rounds back
+  (an online export reads the stores' marks from a checkpoint instead: `relay_streams.marks`);
+- a `Watch` sees how long each write settled while it is on waited from hand-over to its
+  outcome (an export reports the longest).
 
 The loop itself (a round is every write handed over while the previous one was written) is
 `relay_durable.batching.BatchLoop`, shared with the queue-writer's outbox; this module adds what
@@ -20,6 +22,7 @@ is the retainer's own: deadlines, grouping and splitting a refused round.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
@@ -41,6 +44,15 @@ class Pending(Generic[W]):
     done: asyncio.Future[None] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
+    handed: float = field(default_factory=time.perf_counter)
+
+
+@dataclass
+class Watch:
+    """Writes settled while watched: how many, and the longest wait from hand-over."""
+
+    writes: int = 0
+    longest_ms: float = 0.0
 
 
 class Rounds(Generic[W]):
@@ -59,8 +71,7 @@ class Rounds(Generic[W]):
         self._group = group
         self._loop: BatchLoop[Pending[W]] = BatchLoop(self._round, name)
         self._unsettled: set[asyncio.Future[None]] = set()
-        self._open = asyncio.Event()
-        self._open.set()
+        self._watches: list[Watch] = []
 
     def start(self) -> None:
         self._loop.start()
@@ -73,7 +84,24 @@ class Rounds(Generic[W]):
         else:
             self._unsettled.add(pending.done)
             pending.done.add_done_callback(self._unsettled.discard)
+            if self._watches:
+                pending.done.add_done_callback(lambda _: self._waited(pending))
         return pending.done
+
+    def watch(self) -> Watch:
+        """Start watching the writes handed over from now on, until `unwatch`."""
+        watch = Watch()
+        self._watches.append(watch)
+        return watch
+
+    def unwatch(self, watch: Watch) -> None:
+        self._watches.remove(watch)
+
+    def _waited(self, pending: Pending[W]) -> None:
+        waited_ms = (time.perf_counter() - pending.handed) * 1000
+        for watch in self._watches:
+            watch.writes += 1
+            watch.longest_ms = max(watch.longest_ms, waited_ms)
 
     async def settled(self) -> None:
         """Return once every write handed over before this call is settled (whatever its
@@ -85,16 +113,7 @@ class Rounds(Generic[W]):
     async def stop(self) -> None:
         await self._loop.close()
 
-    def hold(self) -> None:
-        """Rounds that have not started wait until `release` (one already writing goes on);
-        writes are still handed over meanwhile, and go into the next round."""
-        self._open.clear()
-
-    def release(self) -> None:
-        self._open.set()
-
     async def _round(self, batch: list[Pending[W]]) -> None:
-        await self._open.wait()
         live = []
         for pending in batch:
             if pending.expired():
