@@ -14,16 +14,20 @@ checkpoint taken at any moment says exactly which records it holds.
 2. take RocksDB checkpoints of the retained store and of every stream shard on a thread
    (memtables flushed in RocksDB's background first: `relay_streams.checkpoints`) while
    writes go on, then note `upper`;
-3. on a thread, read each store's marks from the checkpoint (`relay_archive.export.
-   retainer_cut`: per partition and store, the first offset whose write it does not hold),
-   export the checkpoint through the engines, write the cut, remove the checkpoint.
+3. in a child process (spawned: nothing of the running retainer is copied), read each store's
+   marks from the checkpoint (`relay_archive.export.retainer_cut`: per partition and store,
+   the first offset whose write it does not hold), export the checkpoint through the engines,
+   write the cut, remove the checkpoint. Not on a thread: `rocksdict` holds the GIL while it
+   opens and reads a database, which stalled the retainer's writes by tens of ms.
 
 Invariants: where a store's marks are known (every store made with marks) the cut is exact
 for it (`tables.Cut.stores`); where not (a store from a build before marks, for a partition
 it holds no mark of), everything received before `lower` is in the export and nothing
 received from `upper` on, and the rebuild counts the window as unanswered. The writers never
-wait for an export: the longest time a write waited from hand-over to its outcome while the
-export ran is reported (`pause_ms`) to show it. The consumer never waits for an export; each
+wait for an export (no round is held); what they still feel is the GIL that `rocksdict`
+holds through each `create_checkpoint` (its last flush and fsyncs): the longest time a write
+waited from hand-over to its outcome while the export ran is reported (`pause_ms`, and
+`checkpoint_pause_ms` for the checkpoints alone). The consumer never waits for an export; each
 request id runs once and is answered once per partition.
 """
 
@@ -32,12 +36,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import multiprocessing
 import shutil
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
+from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pyarrow.parquet as pq
 import structlog
@@ -65,13 +71,17 @@ class RetainerExports:
         instance: str,
         data_dir: Path,
         owned: Sequence[int],
+        reader: Literal["process", "thread"] = "process",
     ) -> None:
+        """`reader`: where the checkpoint is read and written out (a thread only to compare,
+        `bench/retainer_export_bench.py`)."""
         self.bus = bus
         self.streams = streams
         self.retained = retained
         self.instance = instance
         self.data_dir = data_dir
         self.owned = set(owned)
+        self.reader = reader
         self.positions: dict[int, int] = {}
         """Partition → the offset after the last record the consumer handed over."""
         self._arrived: OrderedDict[str, tuple[set[int], asyncio.Event]] = OrderedDict()
@@ -113,12 +123,29 @@ class RetainerExports:
             folder = self.data_dir / "exports" / request.id
             copy = folder / f".checkpoint-{self.instance}"
             at_ms = int(schemas.now_ms_())
-            await asyncio.to_thread(self._checkpoint, copy)
+            checkpointing = (self.streams.watch(), self.retained.watch())
+            began = time.perf_counter()
+            try:
+                await asyncio.to_thread(self._checkpoint, copy)
+            finally:
+                self.streams.unwatch(checkpointing[0])
+                self.retained.unwatch(checkpointing[1])
+            checkpoint_ms = (time.perf_counter() - began) * 1000
             upper = {p: self.positions[p] for p in sorted(self.owned)}
             epoch = self.bus.epoch or ""
-            counts, cut = await asyncio.to_thread(
-                self._write, copy, folder, tables.Cut(epoch, at_ms, None, lower, upper)
-            )
+            bounds = tables.Cut(epoch, at_ms, None, lower, upper)
+            partitions = sorted(self.owned)
+            pool: Executor
+            if self.reader == "process":
+                pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+            else:
+                pool = ThreadPoolExecutor(1)
+            try:
+                counts, cut = await asyncio.get_running_loop().run_in_executor(
+                    pool, write_part, copy, folder, self.instance, bounds, partitions
+                )
+            finally:
+                await asyncio.to_thread(pool.shutdown)  # the child's exit, off the event loop
             await asyncio.gather(self.streams.settled(), self.retained.settled())
         finally:
             self.streams.unwatch(watches[0])
@@ -145,6 +172,8 @@ class RetainerExports:
             **counts,
             "pause_ms": round(pause_ms, 3),
             "writes_during": writes,
+            "checkpoint_ms": round(checkpoint_ms, 3),
+            "checkpoint_pause_ms": round(max(w.longest_ms for w in checkpointing), 3),
             "total_s": round(time.perf_counter() - started, 3),
         }
 
@@ -153,23 +182,6 @@ class RetainerExports:
         self.streams.store.checkpoint(copy / "streams")
         self.retained.store.checkpoint(copy / "retained")
 
-    def _write(
-        self, copy: Path, folder: Path, bounds: tables.Cut
-    ) -> tuple[dict[str, int], tables.Cut]:
-        """The checkpoint's part and its cut: `bounds` (the observed `lower`/`upper`), exact
-        per store where the checkpoint's marks are known."""
-        try:
-            partitions = sorted(self.owned)
-            stores, shards = export.retainer_cut(copy, bounds.epoch, partitions)
-            cut = dataclasses.replace(bounds, stores=stores, shards=shards)
-            retained = export.export_retainer(copy, folder, self.instance)
-            export.write_retainer_cut(folder, self.instance, cut)
-        finally:
-            shutil.rmtree(copy, ignore_errors=True)
-        part = folder / "streams" / f"{self.instance}.parquet"
-        streams = pq.read_metadata(part).num_rows if part.exists() else 0
-        return {"retained": retained, "streams": streams}, cut
-
     async def _answer(
         self, request: schemas.AdminRequest, partition: int, result: dict[str, Any]
     ) -> None:
@@ -177,6 +189,24 @@ class RetainerExports:
 
     async def close(self) -> None:
         await self._requests.cancel()
+
+
+def write_part(
+    copy: Path, folder: Path, instance: str, bounds: tables.Cut, partitions: list[int]
+) -> tuple[dict[str, int], tables.Cut]:
+    """The checkpoint's part and its cut (run in a child process): `bounds` (the observed
+    `lower`/`upper`), exact per store where the checkpoint's marks are known; the checkpoint
+    is removed."""
+    try:
+        stores, shards = export.retainer_cut(copy, bounds.epoch, partitions)
+        cut = dataclasses.replace(bounds, stores=stores, shards=shards)
+        retained = export.export_retainer(copy, folder, instance)
+        export.write_retainer_cut(folder, instance, cut)
+    finally:
+        shutil.rmtree(copy, ignore_errors=True)
+    part = folder / "streams" / f"{instance}.parquet"
+    streams = pq.read_metadata(part).num_rows if part.exists() else 0
+    return {"retained": retained, "streams": streams}, cut
 
 
 def _every_store(cut: tables.Cut) -> dict[int, set[str]]:

@@ -47,7 +47,7 @@ class Pending(Generic[W]):
     handed: float = field(default_factory=time.perf_counter)
 
 
-@dataclass
+@dataclass(eq=False)  # each watch is itself: `unwatch` removes this one
 class Watch:
     """Writes settled while watched: how many, and the longest wait from hand-over."""
 
