@@ -10,11 +10,12 @@ and a thousand retained topics (so the memtables hold a few MiB to flush), then 
 tasks that each hand over a retained write and a stream write in turn (with their log
 positions, as the consumer does) and await each. Measured per write: the wait from hand-over
 to durable. First `--baseline-s` without an export, then `--exports` runs of the retainer's
-real export (`RetainerExports._export`, the checkpoint read by a spawned child process, or on
-a thread with `--reader thread`), each with writers going on. Reported: the longest and the
-99th-percentile wait without an export, during each export (and `pause_ms`, the export's own
-figure), the export's total time, and whether its cut was exact. No broker: the export reads
-only the bus's epoch, given here. The last line is a JSON summary.
+real export (`RetainerExports._export`: the live stores opened read-only and read by a
+spawned child process, or on a thread with `--reader thread`), each with writers going on.
+Reported: the longest and the 99th-percentile wait without an export, during each export
+(and `pause_ms`, the export's own figure), the export's total time, and whether its cut was
+exact. No broker: the export reads only the bus's epoch, given here. The last line is a
+JSON summary.
 """
 
 from __future__ import annotations
@@ -126,8 +127,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             {
                 **during,
                 "pause_ms": result["pause_ms"],
-                "checkpoint_ms": result["checkpoint_ms"],
-                "checkpoint_pause_ms": result["checkpoint_pause_ms"],
+                "before_ms": result["before_ms"],
                 "total_s": result["total_s"],
                 "exact": result["exact"],
                 "streams": result["streams"],

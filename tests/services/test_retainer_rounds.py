@@ -1,10 +1,12 @@
 """The retainer's write rounds as an online export uses them (`Rounds.settled`,
 `Rounds.watch`): `settled` waits for every write handed over before it and for none after; a
-watch sees how long the writes settled while it was on waited, and no others."""
+watch sees how long the writes settled while it was on waited, and no others;
+`longest_between` tells the same of a past stretch."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 
 from relay_retainer.rounds import Rounds
 
@@ -32,6 +34,7 @@ async def test_settled_gives_the_export_its_barrier_and_a_watch_its_waits() -> N
     assert applied == [[1], [2]]
 
     watch = rounds.watch()
+    since = time.perf_counter()
     gate.clear()
     third = rounds.submit(3, lambda: False)
     await asyncio.sleep(0.05)  # round [3] waits 50 ms for the gate
@@ -40,6 +43,7 @@ async def test_settled_gives_the_export_its_barrier_and_a_watch_its_waits() -> N
     rounds.unwatch(watch)
     assert watch.writes == 1
     assert 50 <= watch.longest_ms < 5000
+    assert rounds.longest_between(since, time.perf_counter()) == watch.longest_ms
     await asyncio.wait_for(rounds.submit(4, lambda: False), 5)  # not watched
     assert watch.writes == 1
     assert applied == [[1], [2], [3], [4]]

@@ -146,3 +146,84 @@ def test_stores_from_before_marks_open_with_incomplete_marks(tmp_path: Path) -> 
     with RetainedStore(tmp_path / "retained") as store:
         assert store.marks == Marks(False, {1: ("e", 7)})
         assert {m.topic for m in store.match("#")} == {"a", "b", "c"}
+
+
+def _files(root: Path) -> dict[str, object]:
+    """The records of a store's folder (what the owner writes on its own is left out: WAL,
+    tables, MANIFEST); rocksdict rewrites its `rocksdict-config.json` with the same bytes on
+    every open, so that one is compared by content."""
+    return {
+        str(p.relative_to(root)): (
+            p.read_bytes()
+            if p.name == "rocksdict-config.json"
+            else None
+            if p.name == "LOG"  # the owner's info log: not moved aside (no LOG.old.*)
+            else (p.stat().st_size, p.stat().st_mtime_ns)
+        )
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p.suffix not in (".log", ".sst") and "MANIFEST" not in p.name
+    }
+
+
+def test_read_only_opens_of_live_stores_hold_exactly_what_their_marks_name(
+    tmp_path: Path,
+) -> None:
+    """What an online export reads (`relay_streams.reading`): the stores opened read-only
+    while their owner writes, each a point in time its marks describe; the owner's folder
+    is left alone (no new or changed record, no info log moved)."""
+    shards = 2
+    live = StreamStore(tmp_path / "streams", node="n")
+    retained = RetainedStore(tmp_path / "retained")
+    try:
+        live.open_db("messages", DbSettings(shards=shards))
+
+        def write(offset: int) -> None:
+            mark = Mark(0, "e", offset + 1)
+            topic = f"t/{offset % 7}"
+            live.store_batch("messages", [Message(topic, b"%d" % offset, offset)], True, [mark])
+            retained.store_many([Write(topic, b"%d" % offset, 0, None, offset)], 0, [mark])
+
+        for offset in range(20):
+            write(offset)
+        before = _files(tmp_path)
+        stop, count = threading.Event(), [20]
+
+        def run() -> None:
+            while not stop.is_set():
+                write(count[0])
+                count[0] += 1
+
+        writer = threading.Thread(target=run)
+        writer.start()
+        try:
+            time.sleep(0.05)
+            with RetainedStore(tmp_path / "retained", read_only=True) as view:
+                retained_cut = view.marks.cut("e", [0])[0]
+                held = {m.topic: m.payload for m in view.match("#", now=0)}
+            reader = StreamStore(tmp_path / "streams", read_only=True)
+            try:
+                db = reader.open_db("messages")
+                cuts = [m.cut("e", [0])[0] for m in db.marks()]
+                messages = sorted(m for page in reader.every_message("messages") for m in page)
+                with pytest.raises(BadInput):
+                    reader.open_db("other", DbSettings())
+            finally:
+                reader.close()
+        finally:
+            stop.set()
+            writer.join()
+        assert 20 <= retained_cut <= count[0]
+        last = {f"t/{o % 7}": b"%d" % o for o in range(retained_cut)}
+        assert held == last
+        expected = [
+            Message(f"t/{o % 7}", b"%d" % o, o)
+            for o in range(count[0])
+            if o < cuts[shard_of(f"t/{o % 7}", shards)]
+        ]
+        assert messages == sorted(expected)
+        after = _files(tmp_path)
+        assert {k: v for k, v in after.items() if k in before} == before
+        assert set(after) == set(before)
+    finally:
+        live.close()
+        retained.close()

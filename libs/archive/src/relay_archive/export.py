@@ -4,9 +4,10 @@ read through its own engines (never by parsing their files), as of its position 
 The queue-writer's position is exact: before applying a command it marks `<epoch>:<next
 offset>` per partition in its journal, in order with the changes (`relay_queue_writer.commands`),
 so the marks are the cut. The retainer's stores keep marks in the batches of their writes
-(`relay_streams.marks`), which an online export reads from its checkpoint (`retainer_cut`);
-an offline export of a stopped retainer is taken as of everything it read, which for one that
-had caught up is the archive's end.
+(`relay_streams.marks`), which an online export reads with the data, from stores opened
+read-only while the retainer goes on writing (`export_retainer_part`); an offline export of a
+stopped retainer is taken as of everything it read, which for one that had caught up is the
+archive's end.
 
 Invariants: an export never changes what the engines hold beyond what opening them does (the
 recovery every start runs); a data dir whose marks name two epochs is refused
@@ -17,6 +18,7 @@ refused before anything is opened.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from relay_archive import standing, tables
@@ -113,12 +115,46 @@ def message_rows(queue: str, messages: list[Message]) -> list[dict[str, object]]
 
 def export_retainer(data_dir: Path, out: Path, name: str) -> int:
     """Write `<out>/retained/<name>.parquet` (every retained message, expired ones included:
-    verify explains them) and `<out>/streams/<name>.parquet` (every durable-stream message);
-    returns how many retained messages."""
+    verify explains them) and `<out>/streams/<name>.parquet` (every durable-stream message)
+    of a stopped retainer's data dir; returns how many retained messages."""
+    return export_retainer_part(data_dir, out, name, "", []).retained
+
+
+@dataclass(frozen=True)
+class RetainerPart:
+    retained: int
+    """Retained messages written."""
+    streams: int
+    """Stream messages written."""
+    stores: dict[int, dict[str, int]]
+    """The exact part of the cut (`tables.Cut.stores`): per partition, per store whose
+    position is known, the first offset of the epoch whose write it does not hold."""
+    shards: dict[int, dict[str, int]]
+    """Per partition, each stream database's shard count (`tables.Cut.shards`)."""
+
+
+def export_retainer_part(
+    data_dir: Path,
+    out: Path,
+    name: str,
+    epoch: str,
+    partitions: list[int],
+    read_only: bool = False,
+) -> RetainerPart:
+    """A retainer's part of an export: its retained messages and stream messages as
+    `export_retainer` writes them, and each store's position read from the marks of the same
+    open that read its data (`relay_streams.marks`), for `partitions` of log `epoch`. With
+    `read_only`, the stores are opened as they stand while their owner goes on writing
+    (`relay_streams.reading`): each store is then a point in time of its own, which its marks
+    describe exactly."""
     if not (data_dir / "retained").is_dir():
         raise ExportError(f"{data_dir}: not a retainer data dir (no retained/)")
+    stores: dict[int, dict[str, int]] = {p: {} for p in partitions}
+    shards: dict[int, dict[str, int]] = {p: {} for p in partitions}
     rows = []
-    with RetainedStore(data_dir / "retained") as store:
+    with RetainedStore(data_dir / "retained", read_only=read_only) as store:
+        for p, offset in store.marks.cut(epoch, partitions).items():
+            stores[p][standing.RETAINED] = offset
         for message in store.match("#", now=0):
             rows.append(
                 {
@@ -129,20 +165,39 @@ def export_retainer(data_dir: Path, out: Path, name: str) -> int:
                 }
             )
     tables.write_table(out, "retained", rows, name)
+    streams = 0
     if (data_dir / "streams").is_dir():
-        tables.write_table(out, "streams", stream_rows(data_dir / "streams"), name)
-    return len(rows)
+        found = stream_rows(data_dir / "streams", epoch, partitions, stores, shards, read_only)
+        tables.write_table(out, "streams", found, name)
+        streams = len(found)
+    return RetainerPart(len(rows), streams, stores, shards)
 
 
-def stream_rows(root: Path) -> list[dict[str, object]]:
+def stream_rows(
+    root: Path,
+    epoch: str = "",
+    partitions: list[int] | None = None,
+    stores: dict[int, dict[str, int]] | None = None,
+    shards: dict[int, dict[str, int]] | None = None,
+    read_only: bool = False,
+) -> list[dict[str, object]]:
     """Every message of every database of a stream store (`relay_streams`), read through the
     store's unfiltered scan (`StreamStore.every_message`): topics whose first level starts
-    with `$`, which a subscription's `#` does not match (MQTT), are exported like any other."""
-    store = StreamStore(root)
+    with `$`, which a subscription's `#` does not match (MQTT), are exported like any other.
+    With `stores`/`shards`, each shard's position for `partitions` of `epoch` and each
+    database's shard count are added to them (`export_retainer_part`)."""
+    store = StreamStore(root, read_only=read_only)
+    stores = {} if stores is None else stores
+    shards = {} if shards is None else shards
     rows: list[dict[str, object]] = []
     try:
         for db in store.list_dbs():
-            store.open_db(db)
+            opened = store.open_db(db)
+            for shard, marks in enumerate(opened.marks()):
+                for p, offset in marks.cut(epoch, partitions or []).items():
+                    stores.setdefault(p, {})[standing.stream_store(db, shard)] = offset
+            for p in partitions or []:
+                shards.setdefault(p, {})[db] = len(opened.shards)
             for page in store.every_message(db, PAGE):
                 rows.extend(
                     {"db": db, "topic": m.topic, "ts": m.ts, "payload": codec.b64u(m.payload)}
@@ -151,33 +206,6 @@ def stream_rows(root: Path) -> list[dict[str, object]]:
     finally:
         store.close()
     return rows
-
-
-def retainer_cut(
-    data_dir: Path, epoch: str, partitions: list[int]
-) -> tuple[dict[int, dict[str, int]], dict[int, dict[str, int]]]:
-    """The exact part of a retainer's cut, read from the marks of a (checkpoint) data dir's
-    stores (`tables.Cut.stores`, `shards`): per partition, per store whose position is known,
-    the first offset of log `epoch` whose write it does not hold; and per partition, each
-    stream database's shard count."""
-    stores: dict[int, dict[str, int]] = {p: {} for p in partitions}
-    shards: dict[int, dict[str, int]] = {p: {} for p in partitions}
-    with RetainedStore(data_dir / "retained") as retained:
-        for p, offset in retained.marks.cut(epoch, partitions).items():
-            stores[p][standing.RETAINED] = offset
-    if (data_dir / "streams").is_dir():
-        streams = StreamStore(data_dir / "streams")
-        try:
-            for name in streams.list_dbs():
-                db = streams.open_db(name)
-                for shard, marks in enumerate(db.marks()):
-                    for p, offset in marks.cut(epoch, partitions).items():
-                        stores[p][standing.stream_store(name, shard)] = offset
-                for p in partitions:
-                    shards[p][name] = len(db.shards)
-        finally:
-            streams.close()
-    return stores, shards
 
 
 PUBLICATIONS_CUT_FILE = "publications-{name}.json"

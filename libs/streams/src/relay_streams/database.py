@@ -105,7 +105,10 @@ class Database:
         settings: DbSettings | None,
         this_site: SiteId,
         clock: Callable[[], int],
+        read_only: bool = False,
     ) -> None:
+        """`read_only`: an existing database as it stands now, for reading only (its shards
+        opened read-only, `relay_streams.reading`; `settings` must be None)."""
         self.path = path
         self.name = catalog.parse_name(name)
         self.clock = clock
@@ -123,6 +126,8 @@ class Database:
                     )
                 record.settings = settings
                 changed = True  # saved once the database opened
+        elif read_only:
+            raise NotFound(f"database {name!r} does not exist at {path}")
         else:
             settings = settings or DbSettings()
             now = clock()
@@ -142,7 +147,8 @@ class Database:
         self.shards: list[Shard] = []
         try:
             for i in range(record.settings.shards):
-                self.shards.append(Shard(path / f"shard-{i}", name, ShardId(i), record))
+                shard = Shard(path / f"shard-{i}", name, ShardId(i), record, read_only)
+                self.shards.append(shard)
             if changed:
                 record.save(self._record_path)
         except BaseException:

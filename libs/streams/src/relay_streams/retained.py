@@ -38,7 +38,7 @@ from typing import Any
 
 from rocksdict import Options, Rdict, ReadOptions, WriteBatch, WriteOptions
 
-from relay_streams import checkpoints, marks
+from relay_streams import checkpoints, marks, reading
 from relay_streams.errors import BadInput, Closed, CorruptRecord, StreamsError, WriteFailed
 from relay_streams.marks import Mark, Marks
 from relay_topics import pages, rules
@@ -144,14 +144,28 @@ def _options() -> Options:
 class RetainedStore:
     """The retained messages under `path` (a RocksDB folder, created if missing)."""
 
-    def __init__(self, path: Path, settings: RetainedSettings | None = None) -> None:
+    def __init__(
+        self, path: Path, settings: RetainedSettings | None = None, *, read_only: bool = False
+    ) -> None:
+        """`read_only`: open a store another process (or this one) keeps writing, as it stands
+        now, for reading only (`relay_streams.reading`); writes then fail."""
         self.path = Path(path)
         self.settings = settings or RetainedSettings()
         self._lock = threading.Lock()
         self._closed = False
-        self.db = Rdict(str(self.path), _options())
+        if read_only:
+            self.db = reading.retried(
+                lambda: Rdict(
+                    str(self.path), reading.options(_options()), access_type=reading.access()
+                ),
+                str(self.path),
+            )
+        else:
+            self.db = Rdict(str(self.path), _options())
         try:
             meta = self.db.get(META)
+            if meta is None and read_only:
+                raise CorruptRecord(f"{self.path}: not a retained store (no meta record)")
             if meta is None:
                 batch = WriteBatch(raw_mode=True)
                 batch.put(META, json.dumps({"v": 1, "layout": LAYOUT}).encode())

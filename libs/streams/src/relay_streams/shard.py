@@ -31,7 +31,7 @@ import structlog
 from rocksdict import ColumnFamily, Options, Rdict, WriteBatch, WriteOptions
 
 from relay_ds.tokens import GenerationId, ShardId
-from relay_streams import catalog, checkpoints, marks
+from relay_streams import catalog, checkpoints, marks, reading
 from relay_streams.errors import CorruptRecord, WriteFailed
 from relay_streams.layouts import base, layout_module
 from relay_streams.marks import Mark, Marks
@@ -117,8 +117,18 @@ class Generation:
 
 
 class Shard:
-    def __init__(self, path: Path, db: str, shard: ShardId, record: catalog.DbRecord) -> None:
+    def __init__(
+        self,
+        path: Path,
+        db: str,
+        shard: ShardId,
+        record: catalog.DbRecord,
+        read_only: bool = False,
+    ) -> None:
+        """`read_only`: as it stands now, for reading only (`relay_streams.reading`): nothing
+        is created, finished or dropped; what a writer would repair is refused."""
         self.path = path
+        self.read_only = read_only
         self.db_name = db
         self.id = shard
         self.where = f"database {db!r} shard {shard}"
@@ -129,7 +139,18 @@ class Shard:
         existing = Rdict.list_cf(str(path), Options(raw_mode=True)) if path.exists() else []
         self._cfs = set(existing) - {"default"}
         families = {name: Options(raw_mode=True) for name in self._cfs}
-        self.db = Rdict(str(path), _options(), column_families=families)
+        if read_only:
+            self.db = reading.retried(
+                lambda: Rdict(
+                    str(path),
+                    reading.options(_options()),
+                    column_families=families,
+                    access_type=reading.access(),
+                ),
+                self.where,
+            )
+        else:
+            self.db = Rdict(str(path), _options(), column_families=families)
         self.marks = marks.NEW
         try:
             self._check_identity()
@@ -142,6 +163,8 @@ class Shard:
     def _check_identity(self) -> None:
         want = {"db": self.db_name, "shard": self.id}
         raw = self.db.get(SHARD_RECORD)
+        if raw is None and self.read_only:
+            raise CorruptRecord(f"{self.where}: no shard record")
         if raw is None:  # a new shard: its marks start complete
             batch = WriteBatch(raw_mode=True)
             batch.put(SHARD_RECORD, json.dumps(want).encode())
@@ -161,6 +184,8 @@ class Shard:
         """Open every generation of `record`, finishing creations and drops a crash cut short."""
         wanted = {cf_name(spec.number) for spec in record.generations}
         for name in sorted(self._cfs - wanted):
+            if self.read_only:
+                continue  # a drop a crash cut short: the writer finishes it
             if _GEN_CF.match(name):
                 log.warning("streams_generation_dropped_on_open", shard=self.where, cf=name)
                 self.db.drop_column_family(name)
@@ -183,12 +208,16 @@ class Shard:
         name = cf_name(spec.number)
         if name in self._cfs:
             cf = self.db.get_column_family(name)
+        elif self.read_only:
+            raise CorruptRecord(f"{where}: no column family {name}")
         else:
             cf = self.db.create_column_family(name, Options(raw_mode=True))
             self._cfs.add(name)
         handle = self.db.get_column_family_handle(name)
         meta = {"generation": spec.number, "layout": spec.layout, "options": spec.options}
         raw = cf.get(GEN_META)
+        if raw is None and self.read_only:
+            raise CorruptRecord(f"{where}: no meta record")
         if raw is None:
             batch = WriteBatch(raw_mode=True)
             inherited = previous.layout if previous is not None else None

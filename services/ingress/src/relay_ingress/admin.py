@@ -192,6 +192,9 @@ class RetainerExport(BaseModel):
     never held: this is the ordinary round time, plus what the checkpoints cost)."""
     writes_during: int = 0
     """Writes settled while the export ran."""
+    before_ms: float = 0.0
+    """`pause_ms` of the writes settled in as long a time right before the export: the
+    ordinary wait to compare with."""
     total_s: float
 
 

@@ -4,40 +4,39 @@ an exact cut of the publications per store, written as Parquet in the layout of 
 export`, without holding a write back.
 
 How: every write carries its record's log position into its store's write batch (the marks
-of the retained store and of each stream shard, `relay_streams.marks`), so a RocksDB
-checkpoint taken at any moment says exactly which records it holds.
+of the retained store and of each stream shard, `relay_streams.marks`), so any consistent view
+of a store says exactly which records it holds.
 1. once the request has arrived on every partition this retainer owns (so each has a
    position), note `lower` (per partition, the offset after the last record received), yield
    once (operations started for earlier records hand their writes over in their first step)
    and wait until the writes handed over so far are settled (`Rounds.settled`: a wait of the
    export, not of the writers);
-2. take RocksDB checkpoints of the retained store and of every stream shard on a thread
-   (memtables flushed in RocksDB's background first: `relay_streams.checkpoints`) while
-   writes go on, then note `upper`;
-3. in a child process (spawned: nothing of the running retainer is copied), read each store's
-   marks from the checkpoint (`relay_archive.export.retainer_cut`: per partition and store,
-   the first offset whose write it does not hold), export the checkpoint through the engines,
-   write the cut, remove the checkpoint. Not on a thread: `rocksdict` holds the GIL while it
-   opens and reads a database, which stalled the retainer's writes by tens of ms.
+2. in a child process (spawned: nothing of the running retainer is copied), open the
+   retained store and every stream shard read-only as they stand (`relay_streams.reading`:
+   RocksDB's read-only mode, no lock, nothing changed), and from each open read its marks and
+   its data (`relay_archive.export.export_retainer_part`), written as the part's Parquet;
+3. note `upper` and write the cut: exact per store from the marks (`tables.Cut.stores`).
+
+Why a child and no checkpoint: `rocksdict` holds the GIL through every call, so a checkpoint
+taken in the retainer's process (its final flush, links and fsyncs) and the reading of a copy
+on a thread stalled every thread of the process, the writers' included, by tens of ms; the
+child shares no GIL with the writers (decision 0012, "The retainer's exact cut").
 
 Invariants: where a store's marks are known (every store made with marks) the cut is exact
-for it (`tables.Cut.stores`); where not (a store from a build before marks, for a partition
-it holds no mark of), everything received before `lower` is in the export and nothing
-received from `upper` on, and the rebuild counts the window as unanswered. The writers never
-wait for an export (no round is held); what they still feel is the GIL that `rocksdict`
-holds through each `create_checkpoint` (its last flush and fsyncs): the longest time a write
-waited from hand-over to its outcome while the export ran is reported (`pause_ms`, and
-`checkpoint_pause_ms` for the checkpoints alone). The consumer never waits for an export; each
-request id runs once and is answered once per partition.
+for it; where not (a store from a build before marks, for a partition it holds no mark of),
+everything received before `lower` is in the export and nothing received from `upper` on, and
+the rebuild counts the window as unanswered. Nothing holds a write round: the longest time a
+write waited from hand-over to its outcome while the export ran is reported (`pause_ms`),
+with the same figure for as long a time right before it (`before_ms`), to compare. The
+consumer never waits for an export; each request id runs once and is answered once per
+partition.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import multiprocessing
-import shutil
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -45,7 +44,6 @@ from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
 
-import pyarrow.parquet as pq
 import structlog
 
 from relay_archive import export, standing, tables
@@ -73,7 +71,7 @@ class RetainerExports:
         owned: Sequence[int],
         reader: Literal["process", "thread"] = "process",
     ) -> None:
-        """`reader`: where the checkpoint is read and written out (a thread only to compare,
+        """`reader`: where the stores are read and written out (a thread only to compare,
         `bench/retainer_export_bench.py`)."""
         self.bus = bus
         self.streams = streams
@@ -121,19 +119,7 @@ class RetainerExports:
             await asyncio.sleep(0)  # operations started before `lower` hand their writes over
             await asyncio.gather(self.streams.settled(), self.retained.settled())
             folder = self.data_dir / "exports" / request.id
-            copy = folder / f".checkpoint-{self.instance}"
-            at_ms = int(schemas.now_ms_())
-            checkpointing = (self.streams.watch(), self.retained.watch())
-            began = time.perf_counter()
-            try:
-                await asyncio.to_thread(self._checkpoint, copy)
-            finally:
-                self.streams.unwatch(checkpointing[0])
-                self.retained.unwatch(checkpointing[1])
-            checkpoint_ms = (time.perf_counter() - began) * 1000
-            upper = {p: self.positions[p] for p in sorted(self.owned)}
             epoch = self.bus.epoch or ""
-            bounds = tables.Cut(epoch, at_ms, None, lower, upper)
             partitions = sorted(self.owned)
             pool: Executor
             if self.reader == "process":
@@ -141,22 +127,31 @@ class RetainerExports:
             else:
                 pool = ThreadPoolExecutor(1)
             try:
-                counts, cut = await asyncio.get_running_loop().run_in_executor(
-                    pool, write_part, copy, folder, self.instance, bounds, partitions
+                at_ms, part = await asyncio.get_running_loop().run_in_executor(
+                    pool, read_part, self.data_dir, folder, self.instance, epoch, partitions
                 )
             finally:
                 await asyncio.to_thread(pool.shutdown)  # the child's exit, off the event loop
+            upper = {p: self.positions[p] for p in partitions}
+            cut = tables.Cut(epoch, at_ms, None, lower, upper, part.stores, part.shards)
+            await asyncio.to_thread(export.write_retainer_cut, folder, self.instance, cut)
+            counts = {"retained": part.retained, "streams": part.streams}
             await asyncio.gather(self.streams.settled(), self.retained.settled())
         finally:
             self.streams.unwatch(watches[0])
             self.retained.unwatch(watches[1])
         pause_ms = max(watch.longest_ms for watch in watches)
         writes = sum(watch.writes for watch in watches)
+        took = time.perf_counter() - started
+        before_ms = max(
+            host.longest_between(started - took, started) for host in (self.streams, self.retained)
+        )
         exact = all(wanted <= set(cut.stores[p]) for p, wanted in _every_store(cut).items())
         log.info(
             "export_written",
             folder=str(folder),
             pause_ms=round(pause_ms, 3),
+            before_ms=round(before_ms, 3),
             writes=writes,
             exact=exact,
             **counts,
@@ -172,15 +167,9 @@ class RetainerExports:
             **counts,
             "pause_ms": round(pause_ms, 3),
             "writes_during": writes,
-            "checkpoint_ms": round(checkpoint_ms, 3),
-            "checkpoint_pause_ms": round(max(w.longest_ms for w in checkpointing), 3),
+            "before_ms": round(before_ms, 3),
             "total_s": round(time.perf_counter() - started, 3),
         }
-
-    def _checkpoint(self, copy: Path) -> None:
-        copy.mkdir(parents=True)
-        self.streams.store.checkpoint(copy / "streams")
-        self.retained.store.checkpoint(copy / "retained")
 
     async def _answer(
         self, request: schemas.AdminRequest, partition: int, result: dict[str, Any]
@@ -191,22 +180,14 @@ class RetainerExports:
         await self._requests.cancel()
 
 
-def write_part(
-    copy: Path, folder: Path, instance: str, bounds: tables.Cut, partitions: list[int]
-) -> tuple[dict[str, int], tables.Cut]:
-    """The checkpoint's part and its cut (run in a child process): `bounds` (the observed
-    `lower`/`upper`), exact per store where the checkpoint's marks are known; the checkpoint
-    is removed."""
-    try:
-        stores, shards = export.retainer_cut(copy, bounds.epoch, partitions)
-        cut = dataclasses.replace(bounds, stores=stores, shards=shards)
-        retained = export.export_retainer(copy, folder, instance)
-        export.write_retainer_cut(folder, instance, cut)
-    finally:
-        shutil.rmtree(copy, ignore_errors=True)
-    part = folder / "streams" / f"{instance}.parquet"
-    streams = pq.read_metadata(part).num_rows if part.exists() else 0
-    return {"retained": retained, "streams": streams}, cut
+def read_part(
+    data_dir: Path, folder: Path, instance: str, epoch: str, partitions: list[int]
+) -> tuple[int, export.RetainerPart]:
+    """In the child: the wall-clock time, then the part read from the live stores opened
+    read-only (`relay_archive.export.export_retainer_part`)."""
+    at_ms = int(schemas.now_ms_())
+    part = export.export_retainer_part(data_dir, folder, instance, epoch, partitions, True)
+    return at_ms, part
 
 
 def _every_store(cut: tables.Cut) -> dict[int, set[str]]:

@@ -12,7 +12,8 @@ Invariants:
 - `settled` waits for the writes handed over before it; nothing ever holds the rounds back
   (an online export reads the stores' marks from a checkpoint instead: `relay_streams.marks`);
 - a `Watch` sees how long each write settled while it is on waited from hand-over to its
-  outcome (an export reports the longest).
+  outcome (an export reports the longest), and `longest_between` tells the same of the last
+  `RECENT` writes settled in a past stretch of time (the export's baseline).
 
 The loop itself (a round is every write handed over while the previous one was written) is
 `relay_durable.batching.BatchLoop`, shared with the queue-writer's outbox; this module adds what
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
@@ -30,6 +32,9 @@ from typing import Generic, TypeVar
 from relay_durable.batching import BatchLoop
 
 W = TypeVar("W")
+
+RECENT = 4096
+"""Writes whose settle time and wait are kept for `longest_between`."""
 
 
 class Expired(Exception):
@@ -72,6 +77,7 @@ class Rounds(Generic[W]):
         self._loop: BatchLoop[Pending[W]] = BatchLoop(self._round, name)
         self._unsettled: set[asyncio.Future[None]] = set()
         self._watches: list[Watch] = []
+        self._recent: deque[tuple[float, float]] = deque(maxlen=RECENT)
 
     def start(self) -> None:
         self._loop.start()
@@ -84,8 +90,7 @@ class Rounds(Generic[W]):
         else:
             self._unsettled.add(pending.done)
             pending.done.add_done_callback(self._unsettled.discard)
-            if self._watches:
-                pending.done.add_done_callback(lambda _: self._waited(pending))
+            pending.done.add_done_callback(lambda _: self._waited(pending))
         return pending.done
 
     def watch(self) -> Watch:
@@ -97,8 +102,15 @@ class Rounds(Generic[W]):
     def unwatch(self, watch: Watch) -> None:
         self._watches.remove(watch)
 
+    def longest_between(self, since: float, until: float) -> float:
+        """The longest wait (ms) of the recent writes settled from `since` to `until`
+        (`time.perf_counter` times); 0 if none."""
+        return max((ms for at, ms in self._recent if since <= at < until), default=0.0)
+
     def _waited(self, pending: Pending[W]) -> None:
-        waited_ms = (time.perf_counter() - pending.handed) * 1000
+        now = time.perf_counter()
+        waited_ms = (now - pending.handed) * 1000
+        self._recent.append((now, waited_ms))
         for watch in self._watches:
             watch.writes += 1
             watch.longest_ms = max(watch.longest_ms, waited_ms)

@@ -124,6 +124,10 @@ class StreamHost:
     def unwatch(self, watch: Watch) -> None:
         self._rounds.unwatch(watch)
 
+    def longest_between(self, since: float, until: float) -> float:
+        """`Rounds.longest_between`."""
+        return self._rounds.longest_between(since, until)
+
     async def stop_writing(self) -> None:
         """Finish the writes already handed over, then take no more (a drain hook)."""
         await self._rounds.stop()
