@@ -134,7 +134,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             }
         )
         print(f"export {i}: {json.dumps(runs[-1])}", flush=True)
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(3.0)  # the next export's `before_ms` window holds no export
     stop.set()
     await asyncio.gather(*tasks)
     await streams.close()

@@ -11,7 +11,8 @@ of a store says exactly which records it holds.
    once (operations started for earlier records hand their writes over in their first step)
    and wait until the writes handed over so far are settled (`Rounds.settled`: a wait of the
    export, not of the writers);
-2. in a child process (spawned: nothing of the running retainer is copied), open the
+2. in a child process (forked from a fork server: nothing of the running retainer is copied),
+   open the
    retained store and every stream shard read-only as they stand (`relay_streams.reading`:
    RocksDB's read-only mode, no lock, nothing changed), and from each open read its marks and
    its data (`relay_archive.export.export_retainer_part`), written as the part's Parquet;
@@ -123,13 +124,16 @@ class RetainerExports:
             partitions = sorted(self.owned)
             pool: Executor
             if self.reader == "process":
-                pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+                pool = ProcessPoolExecutor(1, mp_context=_children())
             else:
                 pool = ThreadPoolExecutor(1)
             try:
-                at_ms, part = await asyncio.get_running_loop().run_in_executor(
-                    pool, read_part, self.data_dir, folder, self.instance, epoch, partitions
+                # Submitted from a thread: starting a child waits for the fork server (the
+                # first time, for it to start and import), which must not hold the event loop.
+                future = await asyncio.to_thread(
+                    pool.submit, read_part, self.data_dir, folder, self.instance, epoch, partitions
                 )
+                at_ms, part = await asyncio.wrap_future(future)
             finally:
                 await asyncio.to_thread(pool.shutdown)  # the child's exit, off the event loop
             upper = {p: self.positions[p] for p in partitions}
@@ -178,6 +182,16 @@ class RetainerExports:
 
     async def close(self) -> None:
         await self._requests.cancel()
+
+
+def _children() -> multiprocessing.context.BaseContext:
+    """Where export children come from: a fork server (started at the first export, itself a
+    fresh interpreter, not a fork of the retainer) that has imported the export's code, so each
+    child is a cheap fork of it rather than a new interpreter importing pyarrow and the rest
+    while the writers compete with it for the CPU."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload([__name__])
+    return context
 
 
 def read_part(
