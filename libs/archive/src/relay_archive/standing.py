@@ -1,7 +1,7 @@
 """Where an archived publication stands against a retainer's cut: applied in the state the
 cut describes ("in"), left out of it ("out"), or unknown ("uncertain", counted as unanswered).
 
-A retainer's online export reads, from its checkpoint, each store's marks
+A retainer's online export reads, with each store's data, the store's marks
 (`relay_streams.marks`): per partition, the first offset whose write that store does not hold.
 A store is the retained store (`RETAINED`) or one shard of a stream database
 (`stream_store`); a stream message's shard is `relay_streams.model.shard_of` of its topic

@@ -10,7 +10,7 @@ Invariants:
   time, in order, so only the offending writes are refused;
 - `stop` finishes the writes already handed over, then takes no more;
 - `settled` waits for the writes handed over before it; nothing ever holds the rounds back
-  (an online export reads the stores' marks from a checkpoint instead: `relay_streams.marks`);
+  (an online export reads the stores' marks from read-only opens instead: `relay_streams.marks`);
 - a `Watch` sees how long each write settled while it is on waited from hand-over to its
   outcome (an export reports the longest), and `longest_between` tells the same of the last
   `RECENT` writes settled in a past stretch of time (the export's baseline).
