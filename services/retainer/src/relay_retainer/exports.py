@@ -12,10 +12,10 @@ of a store says exactly which records it holds.
    and wait until the writes handed over so far are settled (`Rounds.settled`: a wait of the
    export, not of the writers);
 2. in a child process (forked from a fork server: nothing of the running retainer is copied),
-   open the
-   retained store and every stream shard read-only as they stand (`relay_streams.reading`:
-   RocksDB's read-only mode, no lock, nothing changed), and from each open read its marks and
-   its data (`relay_archive.export.export_retainer_part`), written as the part's Parquet;
+   open the retained store and every stream shard read-only as they stand
+   (`relay_streams.reading`: RocksDB's read-only mode, no lock, nothing changed), and from
+   each open read its marks and its data (`relay_archive.export.export_retainer_part`),
+   written as the part's Parquet;
 3. note `upper` and write the cut: exact per store from the marks (`tables.Cut.stores`).
 
 Why a child and no checkpoint: `rocksdict` holds the GIL through every call, so a checkpoint
