@@ -1,7 +1,7 @@
 """The retainer's write rounds as an online export uses them (`Rounds.settled`,
 `Rounds.watch`): `settled` waits for every write handed over before it and for none after; a
 watch sees how long the writes settled while it was on waited, and no others;
-`longest_between` tells the same of a past stretch."""
+`recent` keeps the same of the last writes."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ async def test_settled_gives_the_export_its_barrier_and_a_watch_its_waits() -> N
     rounds.unwatch(watch)
     assert watch.writes == 1
     assert 50 <= watch.longest_ms < 5000
-    assert rounds.longest_between(since, time.perf_counter()) == watch.longest_ms
+    assert max(ms for at, ms in rounds.recent() if at >= since) == watch.longest_ms
     await asyncio.wait_for(rounds.submit(4, lambda: False), 5)  # not watched
     assert watch.writes == 1
     assert applied == [[1], [2], [3], [4]]

@@ -114,6 +114,7 @@ class RetainerExports:
 
     async def _export(self, request: schemas.AdminRequest) -> dict[str, Any]:
         started = time.perf_counter()
+        recent = self.streams.recent_waits() + self.retained.recent_waits()
         watches = (self.streams.watch(), self.retained.watch())
         try:
             lower = {p: self.positions[p] for p in sorted(self.owned)}
@@ -147,9 +148,7 @@ class RetainerExports:
         pause_ms = max(watch.longest_ms for watch in watches)
         writes = sum(watch.writes for watch in watches)
         took = time.perf_counter() - started
-        before_ms = max(
-            host.longest_between(started - took, started) for host in (self.streams, self.retained)
-        )
+        before_ms = max((ms for at, ms in recent if at >= started - took), default=0.0)
         exact = all(wanted <= set(cut.stores[p]) for p, wanted in _every_store(cut).items())
         log.info(
             "export_written",

@@ -12,8 +12,8 @@ Invariants:
 - `settled` waits for the writes handed over before it; nothing ever holds the rounds back
   (an online export reads the stores' marks from read-only opens instead: `relay_streams.marks`);
 - a `Watch` sees how long each write settled while it is on waited from hand-over to its
-  outcome (an export reports the longest), and `longest_between` tells the same of the last
-  `RECENT` writes settled in a past stretch of time (the export's baseline).
+  outcome (an export reports the longest), and `recent` keeps the same of the last `RECENT`
+  writes settled (the export's baseline, taken before it starts).
 
 The loop itself (a round is every write handed over while the previous one was written) is
 `relay_durable.batching.BatchLoop`, shared with the queue-writer's outbox; this module adds what
@@ -34,7 +34,7 @@ from relay_durable.batching import BatchLoop
 W = TypeVar("W")
 
 RECENT = 4096
-"""Writes whose settle time and wait are kept for `longest_between`."""
+"""Writes whose settle time and wait are kept for `recent`."""
 
 
 class Expired(Exception):
@@ -102,10 +102,9 @@ class Rounds(Generic[W]):
     def unwatch(self, watch: Watch) -> None:
         self._watches.remove(watch)
 
-    def longest_between(self, since: float, until: float) -> float:
-        """The longest wait (ms) of the recent writes settled from `since` to `until`
-        (`time.perf_counter` times); 0 if none."""
-        return max((ms for at, ms in self._recent if since <= at < until), default=0.0)
+    def recent(self) -> list[tuple[float, float]]:
+        """The last `RECENT` writes settled: (when, `time.perf_counter`; ms waited)."""
+        return list(self._recent)
 
     def _waited(self, pending: Pending[W]) -> None:
         now = time.perf_counter()

@@ -124,9 +124,9 @@ class StreamHost:
     def unwatch(self, watch: Watch) -> None:
         self._rounds.unwatch(watch)
 
-    def longest_between(self, since: float, until: float) -> float:
-        """`Rounds.longest_between`."""
-        return self._rounds.longest_between(since, until)
+    def recent_waits(self) -> list[tuple[float, float]]:
+        """`Rounds.recent`."""
+        return self._rounds.recent()
 
     async def stop_writing(self) -> None:
         """Finish the writes already handed over, then take no more (a drain hook)."""
