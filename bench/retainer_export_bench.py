@@ -30,6 +30,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import report
+
 from relay_bus import schemas
 from relay_retainer.exports import RetainerExports
 from relay_retainer.retained import RetainedHost, RetainedServiceSettings
@@ -160,8 +162,7 @@ def main() -> None:
     parser.add_argument("--reader", choices=["process", "thread"], default="process")
     args = parser.parse_args()
     summary = asyncio.run(run(args))
-    print(f"baseline: {json.dumps(summary['baseline'])}")
-    print(json.dumps(summary))
+    report.emit(summary)
 
 
 if __name__ == "__main__":
