@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 import statistics
 import tempfile
 import time
@@ -141,6 +142,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     await asyncio.gather(*tasks)
     await streams.close()
     await retained.close()
+    shutil.rmtree(root, ignore_errors=True)
     return {
         "bench": "retainer_export",
         "reader": args.reader,
