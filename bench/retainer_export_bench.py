@@ -27,6 +27,7 @@ import shutil
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -62,6 +63,20 @@ def _quantiles(waits: list[float]) -> dict[str, float]:
     }
 
 
+async def _preload(
+    streams: StreamHost, retained: RetainedHost, position: Callable[[int], Mark], count: int
+) -> None:
+    """`count` stream messages and a thousand retained topics, so the memtables hold MiBs."""
+    for n in range(0, count, 500):
+        batch = [Message(f"pre/{(n + i) % 97}", b"x" * 200, 1_000 + n + i) for i in range(500)]
+        await streams.store_batch("messages", batch, position(0), _never)
+    for n in range(0, 1000, 100):
+        writes = [Write(f"pre/{n + i}", b"y" * 200) for i in range(100)]
+        for write in writes:
+            retained.submit(write, position(1), _never)
+        await retained.settled()
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="retainer-export-bench-"))
     readiness = Readiness()
@@ -80,14 +95,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         exports.positions[partition] = offsets[partition]
         return Mark(partition, EPOCH, offsets[partition])
 
-    for n in range(0, args.preload, 500):
-        batch = [Message(f"pre/{(n + i) % 97}", b"x" * 200, 1_000 + n + i) for i in range(500)]
-        await streams.store_batch("messages", batch, position(0), _never)
-    for n in range(0, 1000, 100):
-        writes = [Write(f"pre/{n + i}", b"y" * 200) for i in range(100)]
-        for write in writes:
-            retained.submit(write, position(1), _never)
-        await retained.settled()
+    await _preload(streams, retained, position, args.preload)
 
     waits: list[tuple[float, float]] = []  # (when settled, ms waited)
     stop = asyncio.Event()
