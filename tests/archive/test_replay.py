@@ -6,9 +6,10 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from relay_archive import replay, tables, verify
+from relay_archive import replay, standing, tables, verify
 from relay_bus import schemas
 from relay_queues.writer import DEFAULT_TTL_S
+from relay_streams.model import shard_of
 
 Q, S, KEY = "q" * 32, "s" * 32, "k" * 43
 COMMON = {"origin": "o", "reply_slot": 0, "deadline_ms": 10**13}
@@ -180,6 +181,43 @@ def test_streams_keep_answered_writes_only() -> None:
     ]
     assert [(u.command, u.op, u.subject) for u in state.uncertain] == [("s2", "stream", "messages")]
     assert state.unstamped == 1
+
+
+def test_a_stream_message_stands_on_its_own_shards_position() -> None:
+    """A retainer's exact cut (`relay_archive.standing`): one write's messages in two shards
+    are kept or left out by each shard's position; a write past every position is left out,
+    not uncertain; a partition whose stores have no known position keeps the window."""
+    in_0, in_1 = (next(f"t/{n}" for n in range(99) if shard_of(f"t/{n}", 2) == k) for k in (0, 1))
+
+    def store(rid: str, *topics: str) -> bytes:
+        messages = tuple(schemas.DsMessage(topic=t, payload="eA", ts=1) for t in topics)
+        request = schemas.DsRequest(id=rid, **COMMON, op="store", db="messages", messages=messages)
+        return schemas.encode(request)
+
+    def answer(rid: str) -> bytes:
+        return schemas.encode(
+            schemas.DsReply(id=rid, origin="o", partition=0, instance="r", site="s", status=201)
+        )
+
+    shard_0, shard_1 = standing.stream_store("messages", 0), standing.stream_store("messages", 1)
+    cut = standing.PublicationCut(
+        {0: 0, 1: 3},
+        {0: 0, 1: 8},
+        {0: {shard_0: 6, shard_1: 5, standing.RETAINED: 0}},
+        {0: {"messages": 2}},
+    )
+    items = [
+        replay.Answered(0, 5, store("w1", in_0, in_1), answer("w1")),  # shard 0 has it, 1 not
+        replay.Answered(0, 7, store("w2", in_0, in_1), None),  # past both: left out
+        replay.Answered(1, 2, store("w3", in_0), answer("w3")),  # before the window
+        replay.Answered(1, 4, store("w4", in_0), answer("w4")),  # in the window: uncertain
+        replay.Answered(1, 9, store("w5", in_0), answer("w5")),  # past it
+    ]
+    state = replay.replay_streams(items, cut=cut)
+    assert [(m.request, m.topic) for m in state.messages] == [("w1", in_0), ("w3", in_0)]
+    assert [u.command for u in state.uncertain] == ["w4"]
+    assert cut.retained(0, 0) == "out"
+    assert standing.PublicationCut().stream(0, 99, "messages", in_0) == "in"  # no cut at all
 
 
 def _tables(state: replay.QueueState) -> dict[str, pa.Table]:

@@ -335,7 +335,7 @@ class Relay:
             if isinstance(record, schemas.DsRequest):
                 await ds.handle(received, record)
             elif isinstance(record, schemas.Publication | schemas.RetainedRequest):
-                retained.handle(record, received.partition)
+                retained.handle(record, received.partition, received.offset)
 
         self.bus.subscribe(topics.PUBLICATIONS, handle)
 

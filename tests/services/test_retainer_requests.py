@@ -146,7 +146,7 @@ class Retainer:
         if isinstance(record, schemas.DsRequest):
             await self.ds.handle(received, record)
         elif isinstance(record, schemas.Publication | schemas.RetainedRequest):
-            self.retained.handle(record, received.partition)
+            self.retained.handle(record, received.partition, received.offset)
 
     async def answers(self, request_id: str, count: int = 1) -> list[schemas.DsReply]:
         """The answers to `request_id` once there are `count`; each went to the asker's slot."""

@@ -6,6 +6,7 @@ acknowledged still there after a reopen."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from relay_retainer.retained import RetainedHost, RetainedServiceSettings
 from relay_retainer.rounds import Expired
 from relay_runtime.readiness import Readiness
 from relay_streams.errors import BadInput
+from relay_streams.marks import Mark
 from relay_streams.retained import RetainedFull, Write
 
 
@@ -29,6 +31,14 @@ def _never() -> bool:
     return False
 
 
+_offsets = itertools.count()
+
+
+def _next() -> Mark:
+    """The log position of the next record (partition 0), as the consumer hands them over."""
+    return Mark(0, "e", next(_offsets) + 1)
+
+
 async def test_writes_share_rounds_in_order_and_fail_alone(tmp_path: Path) -> None:
     readiness = Readiness()
     host = await _host(tmp_path, readiness, max_retained=30, max_payload_bytes=10)
@@ -36,22 +46,28 @@ async def test_writes_share_rounds_in_order_and_fail_alone(tmp_path: Path) -> No
     calls: list[int] = []
     store_many = host.store.store_many
 
-    def counted(writes: list[Write], now: int | None = None) -> list[bool]:
+    def counted(
+        writes: list[Write], now: int | None = None, positions: list[Mark] | None = None
+    ) -> list[bool]:
         calls.append(len(writes))
-        return store_many(writes, now)
+        return store_many(writes, now, positions)
 
     host.store.store_many = counted  # type: ignore[method-assign]
     # Writes of one topic in record order: the last one wins, even within one round.
-    done = [host.submit(Write(f"t/{i % 25}", f"v{i}".encode()), _never) for i in range(50)]
+    done = [host.submit(Write(f"t/{i % 25}", f"v{i}".encode()), _next(), _never) for i in range(50)]
     await asyncio.gather(*done)
     assert len(calls) < 50
+    last = next(_offsets)  # the next record's offset: every one before it was written
+    assert host.store.marks.cut("e", [0, 1]) == {0: last, 1: 0}
     assert (await host.read("t/3")) is not None
     assert (await host.read("t/3")).payload == b"v28"  # type: ignore[union-attr]
-    good = host.submit(Write("t/good", b"x"), _never)
-    bad = host.submit(Write("t/bad", b"x" * 11), _never)  # over max_payload_bytes
-    late = host.submit(Write("t/late", b"x"), lambda: True)
-    fill = [host.submit(Write(f"n/{i}", b"x"), _never) for i in range(10)]
-    update = host.submit(Write("t/0", b"new"), _never)  # existing topics still update when full
+    good = host.submit(Write("t/good", b"x"), _next(), _never)
+    bad = host.submit(Write("t/bad", b"x" * 11), _next(), _never)  # over max_payload_bytes
+    late = host.submit(Write("t/late", b"x"), _next(), lambda: True)
+    fill = [host.submit(Write(f"n/{i}", b"x"), _next(), _never) for i in range(10)]
+    update = host.submit(
+        Write("t/0", b"new"), _next(), _never
+    )  # existing topics still update when full
     results = await asyncio.gather(good, bad, late, *fill, update, return_exceptions=True)
     assert results[0] is None
     assert isinstance(results[1], BadInput)
@@ -64,7 +80,7 @@ async def test_writes_share_rounds_in_order_and_fail_alone(tmp_path: Path) -> No
     await host.close()
     assert readiness.snapshot() == {"retained": False}
     with pytest.raises(Expired):
-        await host.submit(Write("t/after", b"x"), _never)
+        await host.submit(Write("t/after", b"x"), _next(), _never)
 
     host = await _host(tmp_path)
     assert (await host.read("t/0")).payload == b"new"  # type: ignore[union-attr]
@@ -75,7 +91,9 @@ async def test_writes_share_rounds_in_order_and_fail_alone(tmp_path: Path) -> No
 
 async def test_match_answers_stop_at_limit_or_bytes_and_say_more(tmp_path: Path) -> None:
     host = await _host(tmp_path, max_reply_bytes=1024)
-    await asyncio.gather(*(host.submit(Write(f"m/{i:02}", b"p" * 300), _never) for i in range(10)))
+    await asyncio.gather(
+        *(host.submit(Write(f"m/{i:02}", b"p" * 300), _next(), _never) for i in range(10))
+    )
     first = await host.match("m/#", None, 4)
     assert [m["topic"] for m in first["messages"]] == ["m/00", "m/01", "m/02", "m/03"]
     assert first["more"] is True
@@ -92,8 +110,8 @@ async def test_match_answers_stop_at_limit_or_bytes_and_say_more(tmp_path: Path)
 
 async def test_the_sweep_clears_expired_messages(tmp_path: Path) -> None:
     host = await _host(tmp_path, clear_interval_s=0.05)
-    await host.submit(Write("e/short", b"x", expiry_interval_s=1), _never)
-    await host.submit(Write("e/long", b"x", expiry_interval_s=3600), _never)
+    await host.submit(Write("e/short", b"x", expiry_interval_s=1), _next(), _never)
+    await host.submit(Write("e/long", b"x", expiry_interval_s=3600), _next(), _never)
     assert await host.size() == 2
     for _ in range(100):
         if await host.size() == 1:

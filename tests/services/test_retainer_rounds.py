@@ -1,15 +1,17 @@
 """The retainer's write rounds as an online export uses them (`Rounds.settled`,
-`Rounds.hold`): `settled` waits for every write handed over before it and for none after;
-while held, writes are still handed over but no round starts writing until released."""
+`Rounds.watch`): `settled` waits for every write handed over before it and for none after; a
+watch sees how long the writes settled while it was on waited, and no others;
+`recent` keeps the same of the last writes."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 
 from relay_retainer.rounds import Rounds
 
 
-async def test_settled_and_hold_give_the_export_its_barrier() -> None:
+async def test_settled_gives_the_export_its_barrier_and_a_watch_its_waits() -> None:
     applied: list[list[int]] = []
     gate = asyncio.Event()
 
@@ -31,13 +33,19 @@ async def test_settled_and_hold_give_the_export_its_barrier() -> None:
     assert second.done()
     assert applied == [[1], [2]]
 
-    rounds.hold()
-    third = rounds.submit(3, lambda: False)  # handed over while held
-    await asyncio.sleep(0.05)
-    assert not third.done()
-    assert applied == [[1], [2]]  # no round started writing
-    rounds.release()
+    watch = rounds.watch()
+    since = time.perf_counter()
+    gate.clear()
+    third = rounds.submit(3, lambda: False)
+    await asyncio.sleep(0.05)  # round [3] waits 50 ms for the gate
+    gate.set()
     await asyncio.wait_for(third, 5)
-    assert applied == [[1], [2], [3]]
+    rounds.unwatch(watch)
+    assert watch.writes == 1
+    assert 50 <= watch.longest_ms < 5000
+    assert max(ms for at, ms in rounds.recent() if at >= since) == watch.longest_ms
+    await asyncio.wait_for(rounds.submit(4, lambda: False), 5)  # not watched
+    assert watch.writes == 1
+    assert applied == [[1], [2], [3], [4]]
     await rounds.settled()  # nothing left: returns at once
     await rounds.stop()

@@ -13,11 +13,12 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import SparkSession
 
-from relay_archive import export, layout, reader, rows, tables, verify, writer
+from relay_archive import export, layout, reader, rows, standing, tables, verify, writer
 from relay_archive.store import LocalStore
 from relay_bus import topics
 from relay_spark import jobs, main
 from relay_spark.session import session
+from relay_streams.model import shard_of
 from tests.spark import synthetic
 
 AT_MS = 1_700_000_000_000 + 86_400_000
@@ -318,6 +319,75 @@ def test_a_bounded_publications_cut_makes_its_window_uncertain(
     assert window
     assert all(lower[r["partition"]] <= r["offset"] < upper[r["partition"]] for r in window)
     assert len(streams) < 2 * 30
+
+
+def test_an_exact_per_store_cut_places_every_write_by_its_store(
+    spark: SparkSession,
+    archive: tuple[LocalStore, synthetic.Made],
+    tmp_path: Path,
+) -> None:
+    """A retainer's cut read from its stores' marks (`tables.Cut.stores`): each retained write
+    is in when before the retained store's position, each stream message when before its own
+    shard's (`relay_archive.standing`), nothing is uncertain; a partition with no known store
+    (a store from before marks) keeps the window. Spark and the plain replay agree."""
+    store, made = archive
+    ends = reader.resume_points(store, synthetic.EPOCH, topics.PUBLICATIONS)
+    fallback = min(ends)  # this partition's stores have no marks: the window
+    lower = {p: end // 3 for p, end in ends.items()}
+    upper = {p: 2 * end // 3 for p, end in ends.items()}
+    shards = {p: {"messages": 3} for p in ends if p != fallback}
+    stores = {
+        p: {
+            standing.RETAINED: end // 2,
+            standing.stream_store("messages", 0): end // 4,
+            standing.stream_store("messages", 1): 3 * end // 4,
+            standing.stream_store("messages", 2): end // 2,
+        }
+        for p, end in ends.items()
+        if p != fallback
+    }
+    cut = tables.Cut(synthetic.EPOCH, AT_MS, made.commands, lower, upper, stores, shards)
+    assert tables.Cut.from_json(cut.to_json()) == cut
+    spark_counts = jobs.rebuild(spark, store, cut, tmp_path / "spark")
+    python_counts = jobs.rebuild_python(store, cut, tmp_path / "python")
+    assert spark_counts == python_counts
+    for name in ("retained", "streams", "uncertain"):
+        assert _sorted(tmp_path / "spark", name) == _sorted(tmp_path / "python", name), name
+
+    everything = tables.Cut(synthetic.EPOCH, AT_MS, made.commands)
+    jobs.rebuild_python(store, everything, tmp_path / "all")
+    all_streams = tables.read_table(tmp_path / "all", "streams").to_pylist()
+
+    def kept(row: dict[str, Any]) -> bool:
+        p, offset = row["partition"], row["offset"]
+        if p == fallback:
+            return offset < lower[p]
+        shard = shard_of(row["topic"], 3)
+        return offset < stores[p][standing.stream_store("messages", shard)]
+
+    streams = tables.read_table(tmp_path / "python", "streams").to_pylist()
+    assert _keys(streams) == _keys([r for r in all_streams if kept(r)])
+    placed = {(r["partition"], shard_of(r["topic"], 3)) for r in streams}
+    assert {(3, 0), (3, 1)} <= placed  # one partition, two shards, two positions
+    retained = tables.read_table(tmp_path / "python", "retained").to_pylist()
+    assert retained
+    assert all(
+        r["offset"] < (lower[p] if p == fallback else stores[p][standing.RETAINED])
+        for r in retained
+        for p in [r["partition"]]
+    )
+    window = [
+        r
+        for r in tables.read_table(tmp_path / "python", "uncertain").to_pylist()
+        if r["op"] in ("stream", "retain")
+    ]
+    assert window
+    assert all(r["partition"] == fallback for r in window)  # exact elsewhere
+    assert all(lower[fallback] <= r["offset"] < upper[fallback] for r in window)
+
+
+def _keys(rows: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    return sorted((r["partition"], r["offset"], r["topic"], r["payload"]) for r in rows)
 
 
 def test_an_export_that_names_no_epoch_takes_the_archives_only_one(

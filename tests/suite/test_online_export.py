@@ -1,14 +1,17 @@
 """The online export end to end (issue 22): `relayctl export --online` (`POST /admin/export`)
 while senders keep sending queue messages, retained publications and durable-stream writes (a
 `$` topic among them) through the running suite. The answer arrives while writes go on and are
-acknowledged; each queue-writer's part stands at its exact cut and each retainer's at its
-bounded cut, so a rebuild at that cut verifies clean (a send applied after the cut and leaking
-into the export would be EXTRA, one applied before it and missing would be MISSING); sends
-after the cut exist and are not in the export. The endpoint needs the admin token."""
+acknowledged; each queue-writer's part stands at its exact cut and each retainer's at the
+exact position of each of its stores (read from the marks in its checkpoint), so a rebuild at
+that cut verifies clean with nothing uncertain (a send applied after the cut and leaking into
+the export would be EXTRA, one applied before it and missing would be MISSING); sends after
+the cut exist and are not in the export. The retainer's writes are never held: they go on
+while it exports. The endpoint needs the admin token."""
 
 from __future__ import annotations
 
 import json
+import re
 import signal
 import threading
 import time
@@ -17,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from relay_archive import export, tables
+from relay_archive import export, standing, tables
 from tests import helpers
 from tests.api.client import Recipient, b64u
 from tests.suite.test_archive_verify import _caught_up, relayctl
@@ -101,7 +104,12 @@ def test_an_online_export_while_writers_run_verifies_clean(tmp_path: Path) -> No
         print(done.stdout)  # the figures decision 0012 quotes (pytest -s)
         assert "send" in during, "no send was acknowledged while the export ran"
         assert "commands waited at most" in done.stdout
-        assert "for the checkpoints" in done.stdout
+        found = re.search(
+            r"cut (\w+); writes went on, (\d+) waited at most ([\d.]+) ms", done.stdout
+        )
+        assert found is not None, done.stdout
+        assert found[1] == "exact"
+        assert int(found[2]) > 0  # the retainer took writes while it exported
         exported = tables.read_table(out, "messages")
         sends = QUEUES * 3 + sum(1 for _, what in acked if what == "send")
         assert QUEUES * 3 <= exported.num_rows < sends  # sends after the cut are not in it
@@ -115,6 +123,12 @@ def test_an_online_export_while_writers_run_verifies_clean(tmp_path: Path) -> No
         assert cut.publications_upto is not None
         assert set(cut.publications) == set(cut.publications_upto) == set(range(8))
         assert all(cut.publications[p] <= cut.publications_upto[p] for p in range(8))
+        # Exact: every partition places the retained store and each stream shard.
+        shards = {p: cut.shards[p]["messages"] for p in range(8)}
+        for p in range(8):
+            wanted = {standing.RETAINED, *(f"streams/messages/{s}" for s in range(shards[p]))}
+            assert set(cut.stores[p]) == wanted, cut.stores[p]
+            assert all(o <= cut.publications_upto[p] for o in cut.stores[p].values())
         assert export.covered(out) == export.EVERY_TABLE
         _caught_up(data_dir)
         running.process.send_signal(signal.SIGTERM)
@@ -153,3 +167,6 @@ def test_an_online_export_while_writers_run_verifies_clean(tmp_path: Path) -> No
     assert done.returncode == 0, json.dumps(document["differences"][:20]) + done.stderr[-2000:]
     assert document["verdict"] == "clean"
     assert not any(d["klass"] == "MISSING" for d in document["differences"])
+    # Nothing of the publications is uncertain: no window, every write placed by its store.
+    uncertain = tables.read_table(rebuilt, "uncertain").to_pylist()
+    assert not [u for u in uncertain if u["op"] in ("retain", "stream")], uncertain

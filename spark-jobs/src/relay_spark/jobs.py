@@ -19,6 +19,7 @@ Invariants: jobs read, never change, the archive; outputs are written whole per 
 
 from __future__ import annotations
 
+import functools
 import shutil
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -29,7 +30,7 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from relay_archive import export, layout, replay, report, tables, verify
+from relay_archive import export, layout, replay, report, standing, tables, verify
 from relay_archive import rebuild as rebuild_module
 from relay_archive import rows as archive_rows
 from relay_archive.store import ArchiveStore
@@ -72,23 +73,15 @@ def _answered(
     topic: str,
     kinds: list[str],
     reply_kind: str,
-    upto: dict[int, int] | None = None,
 ) -> DataFrame:
-    """Requests before the cut with their first reply; with `upto` (a bounded cut, see
-    `tables.Cut`), those from the cut to before `upto` without it (in flight: uncertain)."""
+    """Requests before the cut's `offsets` (every one when None) with their first reply."""
     requests = read_topic(spark, store, cut.epoch, topic, kinds)
     if cut.offsets is not None:
-        bounds = [(p, o, (upto or {}).get(p, o)) for p, o in cut.offsets.items()]
-        ends = spark.createDataFrame(
-            bounds or [(-1, 0, 0)], "cut_partition int, cut_end long, cut_upto long"
-        )
-        requests = (
-            requests.join(F.broadcast(ends), requests.partition == ends.cut_partition, "inner")
-            .where(F.col("offset") < F.col("cut_upto"))
-            .withColumn("in_flight", F.col("offset") >= F.col("cut_end"))
-        )
-    else:
-        requests = requests.withColumn("in_flight", F.lit(False))
+        bounds = list(cut.offsets.items())
+        ends = spark.createDataFrame(bounds or [(-1, 0)], "cut_partition int, cut_end long")
+        requests = requests.join(
+            F.broadcast(ends), requests.partition == ends.cut_partition, "inner"
+        ).where(F.col("offset") < F.col("cut_end"))
     replies = read_topic(spark, store, cut.epoch, topics.INGRESS_INBOX, [reply_kind])
     first = Window.partitionBy("id").orderBy("partition", "offset")
     replies = (
@@ -97,8 +90,7 @@ def _answered(
         .select(F.col("id").alias("reply_id"), F.col("value").alias("reply"))
     )
     joined = requests.join(replies, requests.id == replies.reply_id, "left")
-    reply = F.when(F.col("in_flight"), F.lit(None)).otherwise(F.col("reply")).alias("reply")
-    return joined.select("partition", "offset", "value", reply)
+    return joined.select("partition", "offset", "value", "reply")
 
 
 def _grouped(frame: DataFrame) -> Any:
@@ -133,10 +125,11 @@ def _replay_queue_partition(
 
 
 def _replay_retained_partition(
+    cut: standing.PublicationCut,
     item: tuple[int, Iterable[tuple[int, bytes, bytes | None]]],
 ) -> Iterator[tuple[str, dict[str, Any]]]:
     answered = _in_order(item)
-    state = replay.replay_retained(answered)
+    state = replay.replay_retained(answered, cut=cut)
     for row in tables.retained_rows(state):
         yield "retained", row
     for row in tables.uncertain_rows(state.uncertain):
@@ -144,10 +137,11 @@ def _replay_retained_partition(
 
 
 def _replay_stream_partition(
+    cut: standing.PublicationCut,
     item: tuple[int, Iterable[tuple[int, bytes, bytes | None]]],
 ) -> Iterator[tuple[str, dict[str, Any]]]:
     answered = _in_order(item)
-    state = replay.replay_streams(answered)
+    state = replay.replay_streams(answered, cut=cut)
     for row in tables.stream_rows(state):
         yield "streams", row
     for row in tables.uncertain_rows(state.uncertain):
@@ -184,15 +178,15 @@ def rebuild_queues(
 def rebuild_retained(
     spark: SparkSession, store: ArchiveStore, cut: tables.Cut, out: Path
 ) -> dict[str, int]:
-    """Retained messages from the archived publications before the cut (every one without a
-    publications cut) into `out/retained/`; its uncertain
-    writes are added to `out/uncertain/` (run after `rebuild_queues`, which overwrites it)."""
-    publications = tables.Cut(cut.epoch, cut.at_ms, cut.publications)
+    """Retained messages from the archived publications the retainers' cut holds (every one
+    without a publications cut; `relay_archive.standing`, applied by the replay on the
+    workers) into `out/retained/`; its uncertain writes are added to `out/uncertain/` (run
+    after `rebuild_queues`, which overwrites it)."""
+    everything = tables.Cut(cut.epoch, cut.at_ms)
     kinds = ["publication", "retained_request"]
-    frame = _answered(
-        spark, store, publications, topics.PUBLICATIONS, kinds, "ds_reply", cut.publications_upto
-    )
-    produced = _grouped(frame).flatMap(_replay_retained_partition)
+    frame = _answered(spark, store, everything, topics.PUBLICATIONS, kinds, "ds_reply")
+    replay_partition = functools.partial(_replay_retained_partition, cut.publication_cut())
+    produced = _grouped(frame).flatMap(replay_partition)
     return _write(spark, produced, {"retained": "overwrite", "uncertain": "append"}, out)
 
 
@@ -201,17 +195,10 @@ def rebuild_streams(
 ) -> dict[str, int]:
     """Durable-stream messages of every acknowledged write into `out/streams/`; unanswered
     writes are added to `out/uncertain/` (run after `rebuild_queues`)."""
-    publications = tables.Cut(cut.epoch, cut.at_ms, cut.publications)
-    frame = _answered(
-        spark,
-        store,
-        publications,
-        topics.PUBLICATIONS,
-        ["ds_request"],
-        "ds_reply",
-        cut.publications_upto,
-    )
-    produced = _grouped(frame).flatMap(_replay_stream_partition)
+    everything = tables.Cut(cut.epoch, cut.at_ms)
+    frame = _answered(spark, store, everything, topics.PUBLICATIONS, ["ds_request"], "ds_reply")
+    replay_partition = functools.partial(_replay_stream_partition, cut.publication_cut())
+    produced = _grouped(frame).flatMap(replay_partition)
     return _write(spark, produced, {"streams": "overwrite", "uncertain": "append"}, out)
 
 

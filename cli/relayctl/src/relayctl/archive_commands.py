@@ -208,8 +208,10 @@ def _export_online(out: Path, data_dir: Path, timeout: float) -> None:
         _copy_part(retainer["folder"], out)
         typer.echo(
             f"{retainer['instance']}: {retainer['retained']} retained, "
-            f"{retainer['streams']} stream messages; writes waited {retainer['pause_ms']:.2f} ms "
-            "for the checkpoints"
+            f"{retainer['streams']} stream messages; cut "
+            f"{'exact' if retainer.get('exact') else 'bounded'}; writes went on, "
+            f"{retainer.get('writes_during', 0)} waited at most {retainer['pause_ms']:.2f} ms "
+            f"({retainer.get('before_ms', 0):.2f} ms in as long a time before)"
         )
     cut = report["cut"]
     typer.echo(f"export {report['export']}: commands {cut['queue_commands']}")

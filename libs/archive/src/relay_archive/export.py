@@ -3,9 +3,11 @@ read through its own engines (never by parsing their files), as of its position 
 
 The queue-writer's position is exact: before applying a command it marks `<epoch>:<next
 offset>` per partition in its journal, in order with the changes (`relay_queue_writer.commands`),
-so the marks are the cut. The retainer keeps no such marks (its consumer commits offsets to
-Kafka): its export is taken as of everything it read, which for a stopped retainer that had
-caught up is the archive's end.
+so the marks are the cut. The retainer's stores keep marks in the batches of their writes
+(`relay_streams.marks`), which an online export reads with the data, from stores opened
+read-only while the retainer goes on writing (`export_retainer_part`); an offline export of a
+stopped retainer is taken as of everything it read, which for one that had caught up is the
+archive's end.
 
 Invariants: an export never changes what the engines hold beyond what opening them does (the
 recovery every start runs); a data dir whose marks name two epochs is refused
@@ -16,9 +18,10 @@ refused before anything is opened.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
-from relay_archive import tables
+from relay_archive import standing, tables
 from relay_durable import codec
 from relay_journal.journal import QueueJournal
 from relay_journal.records import Message
@@ -112,12 +115,46 @@ def message_rows(queue: str, messages: list[Message]) -> list[dict[str, object]]
 
 def export_retainer(data_dir: Path, out: Path, name: str) -> int:
     """Write `<out>/retained/<name>.parquet` (every retained message, expired ones included:
-    verify explains them) and `<out>/streams/<name>.parquet` (every durable-stream message);
-    returns how many retained messages."""
+    verify explains them) and `<out>/streams/<name>.parquet` (every durable-stream message)
+    of a stopped retainer's data dir; returns how many retained messages."""
+    return export_retainer_part(data_dir, out, name, "", []).retained
+
+
+@dataclass(frozen=True)
+class RetainerPart:
+    retained: int
+    """Retained messages written."""
+    streams: int
+    """Stream messages written."""
+    stores: dict[int, dict[str, int]]
+    """The exact part of the cut (`tables.Cut.stores`): per partition, per store whose
+    position is known, the first offset of the epoch whose write it does not hold."""
+    shards: dict[int, dict[str, int]]
+    """Per partition, each stream database's shard count (`tables.Cut.shards`)."""
+
+
+def export_retainer_part(
+    data_dir: Path,
+    out: Path,
+    name: str,
+    epoch: str,
+    partitions: list[int],
+    read_only: bool = False,
+) -> RetainerPart:
+    """A retainer's part of an export: its retained messages and stream messages as
+    `export_retainer` writes them, and each store's position read from the marks of the same
+    open that read its data (`relay_streams.marks`), for `partitions` of log `epoch`. With
+    `read_only`, the stores are opened as they stand while their owner goes on writing
+    (`relay_streams.reading`): each store is then a point in time of its own, which its marks
+    describe exactly."""
     if not (data_dir / "retained").is_dir():
         raise ExportError(f"{data_dir}: not a retainer data dir (no retained/)")
+    stores: dict[int, dict[str, int]] = {p: {} for p in partitions}
+    shards: dict[int, dict[str, int]] = {p: {} for p in partitions}
     rows = []
-    with RetainedStore(data_dir / "retained") as store:
+    with RetainedStore(data_dir / "retained", read_only=read_only) as store:
+        for p, offset in store.marks.cut(epoch, partitions).items():
+            stores[p][standing.RETAINED] = offset
         for message in store.match("#", now=0):
             rows.append(
                 {
@@ -128,20 +165,39 @@ def export_retainer(data_dir: Path, out: Path, name: str) -> int:
                 }
             )
     tables.write_table(out, "retained", rows, name)
+    streams = 0
     if (data_dir / "streams").is_dir():
-        tables.write_table(out, "streams", stream_rows(data_dir / "streams"), name)
-    return len(rows)
+        found = stream_rows(data_dir / "streams", epoch, partitions, stores, shards, read_only)
+        tables.write_table(out, "streams", found, name)
+        streams = len(found)
+    return RetainerPart(len(rows), streams, stores, shards)
 
 
-def stream_rows(root: Path) -> list[dict[str, object]]:
+def stream_rows(
+    root: Path,
+    epoch: str = "",
+    partitions: list[int] | None = None,
+    stores: dict[int, dict[str, int]] | None = None,
+    shards: dict[int, dict[str, int]] | None = None,
+    read_only: bool = False,
+) -> list[dict[str, object]]:
     """Every message of every database of a stream store (`relay_streams`), read through the
     store's unfiltered scan (`StreamStore.every_message`): topics whose first level starts
-    with `$`, which a subscription's `#` does not match (MQTT), are exported like any other."""
-    store = StreamStore(root)
+    with `$`, which a subscription's `#` does not match (MQTT), are exported like any other.
+    With `stores`/`shards`, each shard's position for `partitions` of `epoch` and each
+    database's shard count are added to them (`export_retainer_part`)."""
+    store = StreamStore(root, read_only=read_only)
+    stores = {} if stores is None else stores
+    shards = {} if shards is None else shards
     rows: list[dict[str, object]] = []
     try:
         for db in store.list_dbs():
-            store.open_db(db)
+            opened = store.open_db(db)
+            for shard, marks in enumerate(opened.marks()):
+                for p, offset in marks.cut(epoch, partitions or []).items():
+                    stores.setdefault(p, {})[standing.stream_store(db, shard)] = offset
+            for p in partitions or []:
+                shards.setdefault(p, {})[db] = len(opened.shards)
             for page in store.every_message(db, PAGE):
                 rows.extend(
                     {"db": db, "topic": m.topic, "ts": m.ts, "payload": codec.b64u(m.payload)}
@@ -156,17 +212,19 @@ PUBLICATIONS_CUT_FILE = "publications-{name}.json"
 
 
 def write_retainer_cut(out: Path, name: str, cut: tables.Cut) -> None:
-    """A retainer's bounded cut of the publications (`tables.Cut.publications*`)."""
+    """A retainer's cut of the publications (`tables.Cut.publications*`, `stores`)."""
     (out / PUBLICATIONS_CUT_FILE.format(name=name)).write_text(cut.to_json())
 
 
 def read_cut(out: Path, at_ms: int) -> tables.Cut:
     """The cut of a whole export, taken at `at_ms`: every queue-writer's command offsets and,
-    for an online export, every retainer's bounded publications cut (all of one epoch; the
-    epoch is "" when no part names one)."""
+    for an online export, every retainer's publications cut (all of one epoch; the epoch is ""
+    when no part names one)."""
     epochs, offsets = set(), {}
     lower: dict[int, int] | None = None
     upper: dict[int, int] | None = None
+    stores: dict[int, dict[str, int]] = {}
+    shards: dict[int, dict[str, int]] = {}
     for path in sorted(out.glob(CUT_FILE.format(name="*"))):
         cut = tables.Cut.from_json(path.read_text())
         if cut.epoch:
@@ -177,11 +235,13 @@ def read_cut(out: Path, at_ms: int) -> tables.Cut:
         epochs.add(cut.epoch)
         lower = {**(lower or {}), **(cut.publications or {})}
         upper = {**(upper or {}), **(cut.publications_upto or {})}
+        stores.update(cut.stores)  # each retainer's partitions are its own
+        shards.update(cut.shards)
     if len(epochs) > 1:
         raise ExportError(f"{out}: cuts name {len(epochs)} epochs ({sorted(epochs)}), need one")
     # No epoch: no owner had applied a command (an offline export of idle queue-writers); the
     # caller takes the archive's only epoch.
-    return tables.Cut(epochs.pop() if epochs else "", at_ms, offsets, lower, upper)
+    return tables.Cut(epochs.pop() if epochs else "", at_ms, offsets, lower, upper, stores, shards)
 
 
 EVERY_TABLE = ("queues", "messages", "retained", "streams")

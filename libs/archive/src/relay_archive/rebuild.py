@@ -3,8 +3,9 @@ replies, replayed by `relay_archive.replay`. The Spark jobs do the same work dis
 one is the reference they are tested against, and the benchmark's baseline.
 
 Invariants: only the archive of one epoch is read; a command at or past the cut's offset for
-its partition is left out (the live state had not applied it), and a publication in a bounded
-cut's window counts as unanswered (`tables.Cut`); the first reply archived for a
+its partition is left out (the live state had not applied it); a publication stands where
+the retainer's cut puts it (`relay_archive.standing`: exact per store where the stores' marks
+are known, a bounded window's records unanswered where not); the first reply archived for a
 command id is the one used (every copy of a reply says the same).
 """
 
@@ -28,23 +29,12 @@ def first_replies(store: ArchiveStore, epoch: str, kind: str) -> dict[str, bytes
 
 
 def answered(
-    requests: pa.Table,
-    replies: dict[str, bytes],
-    cut: dict[int, int] | None,
-    upto: dict[int, int] | None = None,
+    requests: pa.Table, replies: dict[str, bytes], cut: dict[int, int] | None
 ) -> Iterator[replay.Answered]:
-    """Each request before the cut with its first reply. With `upto` (a bounded cut), those
-    from `cut` to before `upto` come without their reply (uncertain: in flight at the cut)."""
+    """Each request before the cut (every one when None) with its first reply."""
     columns = (requests[c].to_pylist() for c in ("partition", "offset", "id", "value"))
     for partition, offset, request_id, value in zip(*columns, strict=True):
-        end = cut.get(partition, 0) if cut is not None else None
-        if upto is not None and end is not None:
-            if offset >= upto.get(partition, end):
-                continue
-            if offset >= end:
-                yield replay.Answered(partition, offset, value, None)
-                continue
-        elif end is not None and offset >= end:
+        if cut is not None and offset >= cut.get(partition, 0):
             continue
         yield replay.Answered(partition, offset, value, replies.get(request_id))
 
@@ -59,14 +49,10 @@ def rebuild_retained(store: ArchiveStore, cut: tables.Cut) -> replay.RetainedSta
     kinds = ["publication", "retained_request"]
     publications = reader.scan(store, cut.epoch, topics.PUBLICATIONS, kinds=kinds).table
     replies = first_replies(store, cut.epoch, "ds_reply")
-    return replay.replay_retained(
-        answered(publications, replies, cut.publications, cut.publications_upto)
-    )
+    return replay.replay_retained(answered(publications, replies, None), cut=cut.publication_cut())
 
 
 def rebuild_streams(store: ArchiveStore, cut: tables.Cut) -> replay.StreamState:
     requests = reader.scan(store, cut.epoch, topics.PUBLICATIONS, kinds=["ds_request"]).table
     replies = first_replies(store, cut.epoch, "ds_reply")
-    return replay.replay_streams(
-        answered(requests, replies, cut.publications, cut.publications_upto)
-    )
+    return replay.replay_streams(answered(requests, replies, None), cut=cut.publication_cut())

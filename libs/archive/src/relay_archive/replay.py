@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from relay_archive.standing import PublicationCut
 from relay_bus import schemas
 from relay_queues.writer import DEFAULT_TTL_S
 
@@ -271,13 +272,19 @@ def _retained_change(record: _RetainerRequest) -> bool:
 
 
 def replay_retained(
-    answered: Iterable[Answered], state: RetainedState | None = None
+    answered: Iterable[Answered],
+    state: RetainedState | None = None,
+    cut: PublicationCut | None = None,
 ) -> RetainedState:
-    """Apply retained publications and deletes with their answers, in partition order."""
+    """Apply retained publications and deletes with their answers, in partition order; with
+    a retainer's `cut`, only those it says are in (those it is unsure of are uncertain)."""
     state = state or RetainedState()
     for item, record, reply in _first_answers(answered, state, _retained_change):
         assert isinstance(record, schemas.Publication | schemas.RetainedRequest)
-        if reply is None:
+        standing = "in" if cut is None else cut.retained(item.partition, item.offset)
+        if standing == "out":
+            continue
+        if reply is None or standing == "uncertain":
             state.uncertain.append(
                 Uncertain(item.partition, item.offset, record.id, "retain", record.topic)
             )
@@ -329,21 +336,37 @@ def _stream_write(record: _RetainerRequest) -> bool:
     return isinstance(record, schemas.DsRequest) and record.op == "store"
 
 
-def replay_streams(answered: Iterable[Answered], state: StreamState | None = None) -> StreamState:
+def replay_streams(
+    answered: Iterable[Answered],
+    state: StreamState | None = None,
+    cut: PublicationCut | None = None,
+) -> StreamState:
     """Collect durable-stream writes (`ds_request` `store`) with their answers, in partition
     order: a write answered 201 adds its messages, one never answered is uncertain, a refused
-    one adds nothing."""
+    one adds nothing. With a retainer's `cut`, each message stands on its own shard's
+    position: only those in are added; a write with a message the cut is unsure of is
+    uncertain; one whose messages are all out is left out."""
     state = state or StreamState()
     for item, record, reply in _first_answers(answered, state, _stream_write):
         assert isinstance(record, schemas.DsRequest)
-        if reply is None:
+        standings = [
+            "in" if cut is None else cut.stream(item.partition, item.offset, record.db, m.topic)
+            for m in record.messages
+        ]
+        if not record.messages and cut is not None:
+            standings = [cut.standing(item.partition, item.offset, "")]
+        if standings and all(s == "out" for s in standings):
+            continue
+        if reply is None or "uncertain" in standings:
             state.uncertain.append(
                 Uncertain(item.partition, item.offset, record.id, "stream", record.db)
             )
             continue
         if reply.status != 201:
             continue
-        for message in record.messages:
+        for message, standing in zip(record.messages, standings, strict=True):
+            if standing == "out":
+                continue
             if message.ts is None:
                 state.unstamped += 1
                 continue

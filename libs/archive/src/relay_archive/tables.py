@@ -10,14 +10,14 @@ positions it does not know as nulls.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from relay_archive import replay
+from relay_archive import replay, standing
 
 QUEUES = pa.schema(
     [
@@ -85,6 +85,10 @@ def _offsets(data: dict[str, Any] | None) -> dict[int, int] | None:
     return None if data is None else {int(k): int(v) for k, v in data.items()}
 
 
+def _per_partition(data: dict[str, Any] | None) -> dict[int, dict[str, int]]:
+    return {int(p): {str(k): int(v) for k, v in by.items()} for p, by in (data or {}).items()}
+
+
 @dataclass(frozen=True)
 class Cut:
     """Where a state stands in the log: per command partition, the first offset not applied
@@ -94,17 +98,29 @@ class Cut:
     partition, every record before `publications[p]` applied and none at or past
     `publications_upto[p]`; those in between were in flight when the retainer's copy was
     taken and may or may not be in it, so a rebuild counts them as unanswered (uncertain).
-    None: every archived publication (an offline export of a stopped retainer)."""
+    None: every archived publication (an offline export of a stopped retainer).
+
+    `stores` makes it exact where known: per partition, per store of the retainer (the
+    retained store, each stream shard), the first offset whose write that store does not hold,
+    read from the marks the stores keep in their write batches; `shards` places a stream
+    message in its shard (`relay_archive.standing`)."""
 
     epoch: str
     at_ms: int
     offsets: dict[int, int] | None = None
     publications: dict[int, int] | None = None
     publications_upto: dict[int, int] | None = None
+    stores: dict[int, dict[str, int]] = field(default_factory=dict)
+    shards: dict[int, dict[str, int]] = field(default_factory=dict)
+
+    def publication_cut(self) -> standing.PublicationCut:
+        return standing.PublicationCut(
+            self.publications, self.publications_upto, self.stores, self.shards
+        )
 
     def to_json(self) -> str:
         data = asdict(self)
-        for name in ("offsets", "publications", "publications_upto"):
+        for name in ("offsets", "publications", "publications_upto", "stores", "shards"):
             value = getattr(self, name)
             if value is not None:
                 data[name] = {str(k): v for k, v in sorted(value.items())}
@@ -119,6 +135,8 @@ class Cut:
             _offsets(data.get("offsets")),
             _offsets(data.get("publications")),
             _offsets(data.get("publications_upto")),
+            _per_partition(data.get("stores")),
+            _per_partition(data.get("shards")),
         )
 
 

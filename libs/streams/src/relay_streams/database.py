@@ -41,20 +41,22 @@ from relay_ds.tokens import (
     Stream,
     StreamIterator,
 )
-from relay_streams import catalog, sites
+from relay_streams import catalog, checkpoints, sites
 from relay_streams.egress import Egress
 from relay_streams.errors import BadInput, BadToken, Closed, CorruptRecord, NotFound
 from relay_streams.layouts import layout_module
-from relay_streams.model import Message, NextResult, RankedStream
+from relay_streams.marks import Mark, Marks
+from relay_streams.model import Message, NextResult, RankedStream, shard_of
 from relay_streams.settings import DbSettings
-from relay_streams.shard import Shard, shard_of
+from relay_streams.shard import Shard
 from relay_topics import rules
 from relay_topics.rules import Levels
 
 MAX_BATCH_READ = 100_000  # messages one `next` may return
 _DELETE_CHUNK = 1_000  # messages per delete write batch
 
-_Item = tuple[int, Levels, Message]
+_Item = tuple[int, Levels, Message, Mark | None]
+"""Shard, topic levels, message, and where in the log it came from (None: unknown)."""
 
 
 @dataclass(frozen=True)
@@ -103,7 +105,10 @@ class Database:
         settings: DbSettings | None,
         this_site: SiteId,
         clock: Callable[[], int],
+        read_only: bool = False,
     ) -> None:
+        """`read_only`: an existing database as it stands now, for reading only (its shards
+        opened read-only, `relay_streams.reading`; `settings` must be None)."""
         self.path = path
         self.name = catalog.parse_name(name)
         self.clock = clock
@@ -121,6 +126,8 @@ class Database:
                     )
                 record.settings = settings
                 changed = True  # saved once the database opened
+        elif read_only:
+            raise NotFound(f"database {name!r} does not exist at {path}")
         else:
             settings = settings or DbSettings()
             now = clock()
@@ -140,7 +147,8 @@ class Database:
         self.shards: list[Shard] = []
         try:
             for i in range(record.settings.shards):
-                self.shards.append(Shard(path / f"shard-{i}", name, ShardId(i), record))
+                shard = Shard(path / f"shard-{i}", name, ShardId(i), record, read_only)
+                self.shards.append(shard)
             if changed:
                 record.save(self._record_path)
         except BaseException:
@@ -169,7 +177,10 @@ class Database:
     # -- writes ----------------------------------------------------------------------------
 
     def store_batch(
-        self, messages: Iterable[Message | tuple[str, bytes]], sync: bool = True
+        self,
+        messages: Iterable[Message | tuple[str, bytes]],
+        sync: bool = True,
+        positions: Sequence[Mark | None] | None = None,
     ) -> None:
         """Store messages: `Message`s keep their ts; `(topic, payload)` pairs get a ts from the
         store's clock, never decreasing in this database, so that live iterators see them all
@@ -177,9 +188,17 @@ class Database:
 
         With `sync` (the default), return once they are durable (WAL fsynced); else return at
         once and let the egress buffer write them (module `egress`). Any invalid message
-        refuses the whole call with `BadInput`; nothing is stored."""
+        refuses the whole call with `BadInput`; nothing is stored.
+
+        `positions` (aligned with `messages`): where each came from in the log, kept with it in
+        its shard's write batch (`Shard.marks`); None is an unknown position, which makes the
+        touched shards' marks incomplete (`relay_streams.marks`)."""
         self._alive()
         shards = len(self.shards)
+        messages = list(messages)
+        if positions is not None and len(positions) != len(messages):
+            raise BadInput(f"{len(positions)} positions for {len(messages)} messages")
+        marked = positions if positions is not None else [None] * len(messages)
         checked: list[tuple[str, Levels, bytes, int | None]] = []
         for i, message in enumerate(messages):
             if isinstance(message, Message):
@@ -204,8 +223,9 @@ class Database:
                     shard_of(topic, shards),
                     levels,
                     Message(topic, payload, ts if ts is not None else now),
+                    mark,
                 )
-                for topic, levels, payload, ts in checked
+                for (topic, levels, payload, ts), mark in zip(checked, marked, strict=True)
             ]
             last = self.egress.enqueue(items, sync)
         if sync and items:
@@ -219,13 +239,15 @@ class Database:
     def _write(self, items: list[_Item]) -> None:
         """Egress callback (runs with writes serialised): one write batch per shard."""
         groups: dict[int, list[tuple[Levels, Message]]] = {}
-        for shard_id, levels, message in items:
+        positions: dict[int, list[Mark | None]] = {}
+        for shard_id, levels, message, mark in items:
             groups.setdefault(shard_id, []).append((levels, message))
+            positions.setdefault(shard_id, []).append(mark)
         for shard_id, group in sorted(groups.items()):
             shard = self.shards[shard_id]
             with self._lock:
                 generation = shard.generations[self.record.current.number]
-                batch, stats = shard.prepare(generation, group)
+                batch, stats, marks = shard.prepare(generation, group, positions[shard_id])
             try:
                 shard.write(batch)
             except BaseException:
@@ -233,6 +255,7 @@ class Database:
                     generation.layout.reload()
                 raise
             generation.stats = stats
+            shard.marks = marks
 
     def delete(
         self,
@@ -399,11 +422,21 @@ class Database:
                             break
                         after = result.scanned
 
+    def marks(self) -> list[Marks]:
+        """Each shard's marks, by shard number (`relay_streams.marks`)."""
+        return [shard.marks for shard in self.shards]
+
     def checkpoint(self, target: Path) -> None:
         """`db.json` and a RocksDB checkpoint of each shard under `target`
-        (`StreamStore.checkpoint`)."""
+        (`StreamStore.checkpoint`). The memtables are flushed first in RocksDB's background
+        (`relay_streams.checkpoints`), without the lock that writes take to prepare a batch;
+        the lock is held only for the brief checkpoints, so that `db.json` and the shards'
+        generations agree in the copy."""
         self._alive()
         target.mkdir(parents=True)
+        with self._lock:
+            families = [family for shard in self.shards for family in shard.families()]
+        checkpoints.flush_early(families)
         with self._lock:
             shutil.copyfile(self._record_path, target / "db.json")
             for shard in self.shards:

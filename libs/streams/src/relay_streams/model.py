@@ -6,6 +6,7 @@ Streams and iterators, their opaque strings and the ids inside them are `relay_d
 
 from __future__ import annotations
 
+import zlib
 from typing import NamedTuple
 
 from relay_ds.tokens import Stream, StreamIterator
@@ -32,3 +33,9 @@ class NextResult(NamedTuple):
     end_of_stream: bool
     """True once the stream's generation is closed (or dropped) and nothing is left in it.
     While False, an empty `messages` means new messages may still arrive."""
+
+
+def shard_of(topic: str, shards: int) -> int:
+    """Sharding by topic: every message of a topic is in one shard, so per-topic order holds
+    (pure: the rebuild places archived messages with it too)."""
+    return zlib.crc32(topic.encode()) % shards

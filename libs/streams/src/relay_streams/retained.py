@@ -4,6 +4,8 @@ one RocksDB instance, topic-compacted (docs/decisions/0007-retained-store.md).
 Keys (version 1, raw bytes):
 - `\\x00meta`  -> `{"v": 1, "layout": "retained/1"}`, written when the folder is created;
 - `\\x00count` -> retained topics as u64 big-endian (the O(1) `size`);
+- `\\x00marks` -> the log positions the writes came from (`relay_streams.marks`), written in
+  the batch of every write; created with the store (absent in a store made before marks);
 - `\\x01 | topic levels joined by \\x00` -> `\\x01 | ts u64 | expires_at u64 (0: never) | qos u8
   | payload` (one record per topic: a store replaces it, so nothing needs folding);
 - `\\x02 | expires_at u64 | topic key` -> `` (the expiry index, read by `clear_expired`).
@@ -14,7 +16,8 @@ prefix is a range; `+` levels are skipped over with seeks instead of scanned.
 Invariants:
 - every write is one RocksDB write batch with `sync=True` (WAL fdatasync'ed before it returns):
   the message, its expiry index entry, the removal of the replaced one and the new count are in
-  the same batch, so after any crash the count and the expiry index match the messages;
+  the same batch, so after any crash the count and the expiry index match the messages, and
+  the marks say exactly which records' writes a copy holds;
 - writes are serialised by a lock (each is a read-modify-write of the count); reads take no lock
   and see each write whole or not at all;
 - refused input (`BadInput`, `TopicError`, `RetainedFull`) changes nothing;
@@ -33,14 +36,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rocksdict import Checkpoint, Options, Rdict, ReadOptions, WriteBatch, WriteOptions
+from rocksdict import Options, Rdict, ReadOptions, WriteBatch, WriteOptions
 
+from relay_streams import checkpoints, marks, reading
 from relay_streams.errors import BadInput, Closed, CorruptRecord, StreamsError, WriteFailed
+from relay_streams.marks import Mark, Marks
 from relay_topics import pages, rules
 from relay_topics.rules import Levels
 
 META = b"\x00meta"
 COUNT = b"\x00count"
+MARKS = b"\x00marks"
 MESSAGES = b"\x01"
 EXPIRY = b"\x02"
 LAYOUT = "retained/1"
@@ -138,24 +144,40 @@ def _options() -> Options:
 class RetainedStore:
     """The retained messages under `path` (a RocksDB folder, created if missing)."""
 
-    def __init__(self, path: Path, settings: RetainedSettings | None = None) -> None:
+    def __init__(
+        self, path: Path, settings: RetainedSettings | None = None, *, read_only: bool = False
+    ) -> None:
+        """`read_only`: open a store another process (or this one) keeps writing, as it stands
+        now, for reading only (`relay_streams.reading`); writes then fail."""
         self.path = Path(path)
         self.settings = settings or RetainedSettings()
         self._lock = threading.Lock()
         self._closed = False
-        self.db = Rdict(str(self.path), _options())
+        if read_only:
+            self.db = reading.retried(
+                lambda: Rdict(
+                    str(self.path), reading.options(_options()), access_type=reading.access()
+                ),
+                str(self.path),
+            )
+        else:
+            self.db = Rdict(str(self.path), _options())
         try:
             meta = self.db.get(META)
+            if meta is None and read_only:
+                raise CorruptRecord(f"{self.path}: not a retained store (no meta record)")
             if meta is None:
                 batch = WriteBatch(raw_mode=True)
                 batch.put(META, json.dumps({"v": 1, "layout": LAYOUT}).encode())
                 batch.put(COUNT, _U64.pack(0))
+                batch.put(MARKS, marks.NEW.to_bytes())
                 self.db.write(batch, _SYNC)
             else:
                 found = json.loads(meta)
                 if found.get("layout") != LAYOUT:
                     raise CorruptRecord(f"{self.path}: unknown retained layout {found!r}")
             self._count = self._read_count()
+            self._marks = Marks.from_bytes(self.db.get(MARKS), str(self.path))
         except BaseException:
             self.db.close()
             raise
@@ -163,8 +185,15 @@ class RetainedStore:
     def checkpoint(self, target: Path) -> None:
         """A point-in-time copy of the store at `target` (a new folder on the same filesystem:
         RocksDB's checkpoint, hard links to its files), openable as a `RetainedStore`; writes
-        going on meanwhile are either wholly in it or not at all (one write batch each)."""
-        Checkpoint(self.db).create_checkpoint(str(target))
+        going on meanwhile are either wholly in it or not at all (one write batch each), and
+        its `marks` say which (`relay_streams.checkpoints`: the GIL is held only briefly)."""
+        self._check_open()
+        checkpoints.take(self.db, [self.db], target)
+
+    @property
+    def marks(self) -> Marks:
+        """The log positions of the writes this store holds (`relay_streams.marks`)."""
+        return self._marks
 
     def close(self) -> None:
         """Close the RocksDB instance (idempotent); later calls raise `Closed`."""
@@ -252,13 +281,24 @@ class RetainedStore:
         """
         return self.store_many([Write(topic, payload, qos, expiry_interval_s)], now=now)[0]
 
-    def store_many(self, writes: Sequence[Write], now: int | None = None) -> list[bool]:
+    def store_many(
+        self,
+        writes: Sequence[Write],
+        now: int | None = None,
+        positions: Sequence[Mark | None] | None = None,
+    ) -> list[bool]:
         """`store` for each write in order (a later write of a topic wins), all in one synced
         write batch: one fsync for the lot (the service's group commit). Whether each write left
         a message retained. All or nothing: any invalid write, or more new topics than
         `max_retained` leaves room for, raises and changes nothing. Cost: one multi-get and one
-        synced batch of at most 3 keys per write plus the count.
+        synced batch of at most 3 keys per write plus the count and the marks.
+
+        `positions`: where each write came from in the log (aligned with `writes`), kept in the
+        same batch (`marks`); None, or a None among them, is a write of unknown position, which
+        makes the marks incomplete (`relay_streams.marks`).
         """
+        if positions is not None and len(positions) != len(writes):
+            raise BadInput(f"{len(positions)} positions for {len(writes)} writes")
         self._check_open()
         checked = [self._checked(write) for write in writes]
         ts = now_ms() if now is None else now
@@ -304,8 +344,13 @@ class RetainedStore:
                 current[key] = value
                 results.append(True)
             batch.put(COUNT, _U64.pack(count))
+            new_marks = self._marks.after(positions if positions is not None else [None])
+            if writes and new_marks != self._marks:
+                batch.put(MARKS, new_marks.to_bytes())
             self._write(batch)
             self._count = count
+            if writes:
+                self._marks = new_marks
         return results
 
     def _checked(self, write: Write) -> tuple[bytes, Levels, Write]:

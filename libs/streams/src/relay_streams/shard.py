@@ -1,13 +1,16 @@
 """One shard: a RocksDB instance (`shard-<i>/`) with one column family per generation.
 
-Column families: `default` holds the shard's identity record; `gen-<N>` holds generation N:
+Column families: `default` holds the shard's identity record and its marks (the log
+positions its writes came from, `relay_streams.marks`; absent in a shard made before marks);
+`gen-<N>` holds generation N:
 its meta record `\\x00meta` (layout and options, as in `db.json`), its stats `\\x00stats`
 (message count, time span, last sequence number), and the layout's records (`\\x01`...).
 
 Invariants:
 - every write is one RocksDB write batch with `sync=True` (WAL fdatasync'ed before it returns),
   and a generation's stats are in the same batch as the messages they count, so after any
-  crash the stats match the data;
+  crash the stats match the data, and so are the shard's marks, so a copy's marks say
+  exactly which records' writes it holds;
 - a generation's column family is created before its meta record is written, and the meta
   record is written in one batch with the layout's initial records; a column family without
   a meta record is a creation that a crash interrupted, and is finished on open;
@@ -19,20 +22,20 @@ from __future__ import annotations
 
 import json
 import re
-import zlib
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import structlog
-from rocksdict import Checkpoint, ColumnFamily, Options, Rdict, WriteBatch, WriteOptions
+from rocksdict import ColumnFamily, Options, Rdict, WriteBatch, WriteOptions
 
 from relay_ds.tokens import GenerationId, ShardId
-from relay_streams import catalog
+from relay_streams import catalog, checkpoints, marks, reading
 from relay_streams.errors import CorruptRecord, WriteFailed
 from relay_streams.layouts import base, layout_module
-from relay_streams.model import Message
+from relay_streams.marks import Mark, Marks
+from relay_streams.model import Message, shard_of
 from relay_topics.rules import Levels
 
 log = structlog.get_logger(__name__)
@@ -40,6 +43,7 @@ log = structlog.get_logger(__name__)
 GEN_META = b"\x00meta"
 GEN_STATS = b"\x00stats"
 SHARD_RECORD = b"relay-shard"
+SHARD_MARKS = b"relay-marks"
 _GEN_CF = re.compile(r"^gen-(\d+)$")
 
 _SYNC = WriteOptions()
@@ -48,11 +52,6 @@ _SYNC.sync = True
 
 def cf_name(number: int) -> str:
     return f"gen-{number}"
-
-
-def shard_of(topic: str, shards: int) -> int:
-    """Sharding by topic: every message of a topic is in one shard, so per-topic order holds."""
-    return zlib.crc32(topic.encode()) % shards
 
 
 def _options() -> Options:
@@ -118,8 +117,18 @@ class Generation:
 
 
 class Shard:
-    def __init__(self, path: Path, db: str, shard: ShardId, record: catalog.DbRecord) -> None:
+    def __init__(
+        self,
+        path: Path,
+        db: str,
+        shard: ShardId,
+        record: catalog.DbRecord,
+        read_only: bool = False,
+    ) -> None:
+        """`read_only`: as it stands now, for reading only (`relay_streams.reading`): nothing
+        is created, finished or dropped; what a writer would repair is refused."""
         self.path = path
+        self.read_only = read_only
         self.db_name = db
         self.id = shard
         self.where = f"database {db!r} shard {shard}"
@@ -130,9 +139,22 @@ class Shard:
         existing = Rdict.list_cf(str(path), Options(raw_mode=True)) if path.exists() else []
         self._cfs = set(existing) - {"default"}
         families = {name: Options(raw_mode=True) for name in self._cfs}
-        self.db = Rdict(str(path), _options(), column_families=families)
+        if read_only:
+            self.db = reading.retried(
+                lambda: Rdict(
+                    str(path),
+                    reading.options(_options()),
+                    column_families=families,
+                    access_type=reading.access(),
+                ),
+                self.where,
+            )
+        else:
+            self.db = Rdict(str(path), _options(), column_families=families)
+        self.marks = marks.NEW
         try:
             self._check_identity()
+            self.marks = Marks.from_bytes(self.db.get(SHARD_MARKS), self.where)
             self.reconcile(record)
         except BaseException:
             self.close()
@@ -141,8 +163,13 @@ class Shard:
     def _check_identity(self) -> None:
         want = {"db": self.db_name, "shard": self.id}
         raw = self.db.get(SHARD_RECORD)
-        if raw is None:
-            self.db.put(SHARD_RECORD, json.dumps(want).encode(), _SYNC)
+        if raw is None and self.read_only:
+            raise CorruptRecord(f"{self.where}: no shard record")
+        if raw is None:  # a new shard: its marks start complete
+            batch = WriteBatch(raw_mode=True)
+            batch.put(SHARD_RECORD, json.dumps(want).encode())
+            batch.put(SHARD_MARKS, marks.NEW.to_bytes())
+            self.db.write(batch, _SYNC)
             return
         try:
             found = json.loads(raw)
@@ -157,6 +184,8 @@ class Shard:
         """Open every generation of `record`, finishing creations and drops a crash cut short."""
         wanted = {cf_name(spec.number) for spec in record.generations}
         for name in sorted(self._cfs - wanted):
+            if self.read_only:
+                continue  # a drop a crash cut short: the writer finishes it
             if _GEN_CF.match(name):
                 log.warning("streams_generation_dropped_on_open", shard=self.where, cf=name)
                 self.db.drop_column_family(name)
@@ -179,12 +208,16 @@ class Shard:
         name = cf_name(spec.number)
         if name in self._cfs:
             cf = self.db.get_column_family(name)
+        elif self.read_only:
+            raise CorruptRecord(f"{where}: no column family {name}")
         else:
             cf = self.db.create_column_family(name, Options(raw_mode=True))
             self._cfs.add(name)
         handle = self.db.get_column_family_handle(name)
         meta = {"generation": spec.number, "layout": spec.layout, "options": spec.options}
         raw = cf.get(GEN_META)
+        if raw is None and self.read_only:
+            raise CorruptRecord(f"{where}: no meta record")
         if raw is None:
             batch = WriteBatch(raw_mode=True)
             inherited = previous.layout if previous is not None else None
@@ -222,9 +255,13 @@ class Shard:
     # -- writes ----------------------------------------------------------------------------
 
     def prepare(
-        self, generation: Generation, items: Sequence[tuple[Levels, Message]]
-    ) -> tuple[WriteBatch, Stats]:
-        """The write batch for messages and the generation's stats once it is written. The
+        self,
+        generation: Generation,
+        items: Sequence[tuple[Levels, Message]],
+        positions: Sequence[Mark | None] = (None,),
+    ) -> tuple[WriteBatch, Stats, Marks]:
+        """The write batch for messages, and the generation's stats and the shard's marks once
+        it is written (`positions`: where the messages came from, None for unknown). The
         layout's in-memory structure already includes the messages (undo: `layout.reload`)."""
         stats = generation.stats
         seq = stats.seq
@@ -234,7 +271,10 @@ class Shard:
         )
         new = stats.after([message for _, message in items])
         batch.put(GEN_STATS, new.to_bytes(), generation.handle)
-        return batch, new
+        new_marks = self.marks.after(positions)
+        if new_marks != self.marks:
+            batch.put(SHARD_MARKS, new_marks.to_bytes())
+        return batch, new, new_marks
 
     def write(self, batch: WriteBatch) -> None:
         try:
@@ -277,9 +317,14 @@ class Shard:
         for generation in self.generations.values():
             generation.cf.flush(wait=True)
 
+    def families(self) -> list[Rdict]:
+        """The shard's column families (the database itself for `default`)."""
+        return [self.db, *(g.cf for g in self.generations.values())]
+
     def checkpoint(self, target: Path) -> None:
-        """A RocksDB checkpoint of this shard at `target` (hard links, same filesystem)."""
-        Checkpoint(self.db).create_checkpoint(str(target))
+        """A RocksDB checkpoint of this shard at `target` (hard links, same filesystem; brief
+        after `checkpoints.flush_early` of its `families`)."""
+        checkpoints.create(self.db, target)
 
     def close(self) -> None:
         self.generations.clear()

@@ -58,7 +58,9 @@ def _now() -> int:
 class SiteRegistry:
     """`sites.json`: every site this node knows, itself included."""
 
-    def __init__(self, root: Path, this_site: SiteId, node: str) -> None:
+    def __init__(self, root: Path, this_site: SiteId, node: str | None, save: bool = True) -> None:
+        """`node`: this site's node name, recorded if new or changed (with `save`); None
+        keeps the recorded one."""
         self.path = root / "sites.json"
         self.this_site = this_site
         self.sites: dict[SiteId, KnownSite] = {}
@@ -73,9 +75,12 @@ class SiteRegistry:
                 if not isinstance(entry, dict) or not isinstance(entry.get("node"), str):
                     raise CorruptRecord(f"{self.path}: site {site} has no node name")
                 self.sites[parsed] = KnownSite(parsed, entry["node"])
+        if node is None:
+            node = self.sites[this_site].node if this_site in self.sites else this_site
         if self.sites.get(this_site) != KnownSite(this_site, node):
             self.sites[this_site] = KnownSite(this_site, node)
-            self._save()
+            if save:
+                self._save()
 
     def _save(self) -> None:
         entries = {site: {"node": known.node} for site, known in sorted(self.sites.items())}

@@ -34,6 +34,7 @@ from relay_ds.view import View
 from relay_streams import catalog, sites
 from relay_streams.database import Database, GenerationInfo
 from relay_streams.errors import BadInput, Closed, NotFound
+from relay_streams.marks import Mark
 from relay_streams.model import Message, NextResult, RankedStream
 from relay_streams.settings import DbSettings
 
@@ -51,18 +52,29 @@ class StreamStore:
         *,
         node: str | None = None,
         clock: Callable[[], int] = now_ms,
+        read_only: bool = False,
     ) -> None:
-        """`node`: the name shown next to this site (default: the host name)."""
+        """`node`: the name shown next to this site (default: the host name). `read_only`: an
+        existing store as it stands now, for reading only, while its owner may go on writing
+        (`relay_streams.reading`): nothing under `root` is changed; its databases open
+        read-only."""
         self.root = root
         self.clock = clock
-        root.mkdir(parents=True, exist_ok=True)
+        self.read_only = read_only
         self.dbs_dir = root / "dbs"
-        self.dbs_dir.mkdir(exist_ok=True)
-        for leftover in self.dbs_dir.glob("*.dropping"):
-            log.warning("streams_drop_finished_on_start", folder=str(leftover))
-            shutil.rmtree(leftover)
-        self.site = sites.load_or_create_site(root)
-        self.registry = sites.SiteRegistry(root, self.site, node or socket.gethostname())
+        if read_only:
+            if not (root / "site.json").exists():
+                raise NotFound(f"{root}: not a stream store (no site.json)")
+            self.site = sites.load_or_create_site(root)
+            self.registry = sites.SiteRegistry(root, self.site, node, save=False)
+        else:
+            root.mkdir(parents=True, exist_ok=True)
+            self.dbs_dir.mkdir(exist_ok=True)
+            for leftover in self.dbs_dir.glob("*.dropping"):
+                log.warning("streams_drop_finished_on_start", folder=str(leftover))
+                shutil.rmtree(leftover)
+            self.site = sites.load_or_create_site(root)
+            self.registry = sites.SiteRegistry(root, self.site, node or socket.gethostname())
         self._dbs: dict[str, Database] = {}
         self._lock = threading.Lock()
         self._closed = False
@@ -82,7 +94,11 @@ class StreamStore:
                 if settings is not None and settings != db.settings:
                     raise BadInput(f"database {name!r} is open with other settings; close it")
                 return db
-            db = Database(self.dbs_dir / name, name, settings, self.site, self.clock)
+            if self.read_only and settings is not None:
+                raise BadInput("a read-only store opens databases as they are")
+            db = Database(
+                self.dbs_dir / name, name, settings, self.site, self.clock, self.read_only
+            )
             self._dbs[name] = db
             return db
 
@@ -94,6 +110,8 @@ class StreamStore:
 
     def list_dbs(self) -> list[str]:
         """Every database on disk, open or not."""
+        if not self.dbs_dir.is_dir():
+            return []
         return sorted(p.name for p in self.dbs_dir.iterdir() if (p / "db.json").exists())
 
     def close_db(self, name: str) -> None:
@@ -137,9 +155,14 @@ class StreamStore:
     # -- the emqx_ds-style calls -----------------------------------------------------------
 
     def store_batch(
-        self, db: str, messages: Iterable[Message | tuple[str, bytes]], sync: bool = True
+        self,
+        db: str,
+        messages: Iterable[Message | tuple[str, bytes]],
+        sync: bool = True,
+        positions: Sequence[Mark | None] | None = None,
     ) -> None:
-        self.db(db).store_batch(messages, sync)
+        """`Database.store_batch` (`positions`: where each message came from in the log)."""
+        self.db(db).store_batch(messages, sync, positions)
 
     def get_streams(self, db: str, topic_filter: str, start: int = 0) -> list[RankedStream]:
         return self.db(db).get_streams(topic_filter, start)

@@ -179,10 +179,22 @@ class RetainerExport(BaseModel):
     publications_upto: dict[str, int]
     """Per partition, no record at or after this offset is; those between were in flight
     (verify counts them as uncertain)."""
+    stores: dict[str, dict[str, int]] = {}
+    """Per partition, per store (`retained`, `streams/<db>/<shard>`), the first offset whose
+    write the exported store does not hold, read from the marks in its checkpoint: the exact
+    cut (`relay_archive.standing`); a store left out (made before marks) has the window."""
+    exact: bool = False
+    """Every store's position is known: nothing is uncertain."""
     retained: int
     streams: int
     pause_ms: float
-    """How long the retainer's writes waited for the stores' RocksDB checkpoints."""
+    """The longest a write handed over while the export ran waited until durable (writes are
+    never held: this is the ordinary round time, plus what the checkpoints cost)."""
+    writes_during: int = 0
+    """Writes settled while the export ran."""
+    before_ms: float = 0.0
+    """`pause_ms` of the writes settled in as long a time right before the export: the
+    ordinary wait to compare with."""
     total_s: float
 
 

@@ -98,7 +98,7 @@ def build(config: RetainerSettings) -> tuple[FastAPI, BusLifecycle]:
         elif isinstance(record, schemas.DsRequest):
             await ds.handle(received, record)
         elif isinstance(record, schemas.Publication | schemas.RetainedRequest):
-            retained.handle(record, received.partition)
+            retained.handle(record, received.partition, received.offset)
         elif isinstance(record, schemas.Ping):
             await forward(received)
         # topic subscriptions share the topic: not for the retainer

@@ -39,6 +39,7 @@ from relay_retainer import answers, ds_admin
 from relay_retainer.ds_targets import TargetsUnavailable, TargetSync
 from relay_retainer.streams import StreamHost
 from relay_streams.errors import BadInput
+from relay_streams.marks import Mark
 from relay_streams.model import Message
 from relay_topics import rules as topic_rules
 
@@ -82,18 +83,21 @@ class DsRequests:
         requests = self._reads if request.op in READS else self._writes
         requests.handle(
             request.id,
-            functools.partial(self._run, request, received.partition),
+            functools.partial(self._run, request, received.partition, received.offset),
             functools.partial(self._answer, request, received.partition),
         )
 
-    async def _run(self, request: schemas.DsRequest, partition: int) -> Outcome:
-        return await answers.guarded(self._op(request, partition), f"ds {request.op} {request.db}")
+    async def _run(self, request: schemas.DsRequest, partition: int, offset: int) -> Outcome:
+        return await answers.guarded(
+            self._op(request, partition, offset), f"ds {request.op} {request.db}"
+        )
 
-    async def _op(self, request: schemas.DsRequest, partition: int) -> Outcome:
+    async def _op(self, request: schemas.DsRequest, partition: int, offset: int) -> Outcome:
         op, db = request.op, request.db
         if op == "store":
             messages = self._messages(request, partition)
-            await self.host.store_batch(db, messages, request.expired)
+            mark = Mark(partition, self.bus.epoch or "", offset + 1)
+            await self.host.store_batch(db, messages, mark, request.expired)
             return Outcome(201, {"stored": len(messages)})
         if op == "streams":
             owner = self.owned[0]

@@ -1,43 +1,53 @@
 """Online exports at the retainer (`POST /admin/export`, an `admin` request with op `export`
 on every partition of `relay.publications`): the retained messages and durable streams as of
-a bounded cut of the publications, written as Parquet in the layout of `relayctl export`.
+an exact cut of the publications per store, written as Parquet in the layout of `relayctl
+export`, without holding a write back.
 
-How (`relay_archive.tables.Cut.publications*`):
+How: every write carries its record's log position into its store's write batch (the marks
+of the retained store and of each stream shard, `relay_streams.marks`), so any consistent view
+of a store says exactly which records it holds.
 1. once the request has arrived on every partition this retainer owns (so each has a
-   position), note `lower`: per partition, the offset after the last record received;
-2. yield once, so that the operations started for records before `lower` hand their writes
-   over (a stream write is handed over in its task's first step, a retained one at once), then
-   wait until every write handed over so far is settled (`Rounds.settled`);
-3. in one step of the event loop (no await), note `upper` the same way and hold the write
-   rounds not started yet (`Rounds.hold`; writes are still handed over, the event loop runs
-   on: reads, answers, the consumer), then take RocksDB checkpoints of the retained store and
-   of every stream shard on a thread (hard links and a memtable flush), and release the
-   rounds: writes wait for the checkpoints only, reported as `pause_ms`;
-4. on a thread, export the checkpoint through the engines (`relay_archive.export`), write the
-   cut, remove the checkpoint.
+   position), note `lower` (per partition, the offset after the last record received), yield
+   once (operations started for earlier records hand their writes over in their first step)
+   and wait until the writes handed over so far are settled (`Rounds.settled`: a wait of the
+   export, not of the writers);
+2. in a child process (forked from a fork server: nothing of the running retainer is copied),
+   open the retained store and every stream shard read-only as they stand
+   (`relay_streams.reading`: RocksDB's read-only mode, no lock, nothing changed), and from
+   each open read its marks and its data (`relay_archive.export.export_retainer_part`),
+   written as the part's Parquet;
+3. note `upper` and write the cut: exact per store from the marks (`tables.Cut.stores`).
 
-Invariants: everything received before `lower` is in the export; nothing received at or after
-`upper` is (its write was handed over after `upper`, so into a round held until the
-checkpoints were taken); what lies between may or may not be, and
-the rebuild counts it as unanswered (uncertain). The consumer never waits for an export;
-writes go on while it runs; each request id runs once and is answered once per partition.
+Why a child and no checkpoint: `rocksdict` holds the GIL through every call, so a checkpoint
+taken in the retainer's process (its final flush, links and fsyncs) and the reading of a copy
+on a thread stalled every thread of the process, the writers' included, by tens of ms; the
+child shares no GIL with the writers (decision 0012, "The retainer's exact cut").
+
+Invariants: where a store's marks are known (every store made with marks) the cut is exact
+for it; where not (a store from a build before marks, for a partition it holds no mark of),
+everything received before `lower` is in the export and nothing received from `upper` on, and
+the rebuild counts the window as unanswered. Nothing holds a write round: the longest time a
+write waited from hand-over to its outcome while the export ran is reported (`pause_ms`),
+with the same figure for as long a time right before it (`before_ms`), to compare. The
+consumer never waits for an export; each request id runs once and is answered once per
+partition.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import shutil
+import multiprocessing
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
+from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-import pyarrow.parquet as pq
 import structlog
 
-from relay_archive import export, tables
+from relay_archive import export, standing, tables
 from relay_bus import admin_replies, schemas
 from relay_bus.bus import Bus
 from relay_bus.consumers import Received
@@ -60,13 +70,17 @@ class RetainerExports:
         instance: str,
         data_dir: Path,
         owned: Sequence[int],
+        reader: Literal["process", "thread"] = "process",
     ) -> None:
+        """`reader`: where the stores are read and written out (a thread only to compare,
+        `bench/retainer_export_bench.py`)."""
         self.bus = bus
         self.streams = streams
         self.retained = retained
         self.instance = instance
         self.data_dir = data_dir
         self.owned = set(owned)
+        self.reader = reader
         self.positions: dict[int, int] = {}
         """Partition → the offset after the last record the consumer handed over."""
         self._arrived: OrderedDict[str, tuple[set[int], asyncio.Event]] = OrderedDict()
@@ -100,52 +114,65 @@ class RetainerExports:
 
     async def _export(self, request: schemas.AdminRequest) -> dict[str, Any]:
         started = time.perf_counter()
-        lower = {p: self.positions[p] for p in sorted(self.owned)}
-        await asyncio.sleep(0)  # operations started before `lower` hand their writes over
-        await asyncio.gather(self.streams.settled(), self.retained.settled())
-        folder = self.data_dir / "exports" / request.id
-        copy = folder / f".checkpoint-{self.instance}"
-        # One step of the event loop: `upper`, and no round starts writing from here until the
-        # checkpoints are taken (a round already writing holds only writes before `upper`).
-        upper = {p: self.positions[p] for p in sorted(self.owned)}
-        at_ms = int(schemas.now_ms_())
-        paused = time.perf_counter()
-        self.streams.hold_writes()
-        self.retained.hold_writes()
+        recent = self.streams.recent_waits() + self.retained.recent_waits()
+        watches = (self.streams.watch(), self.retained.watch())
         try:
-            await asyncio.to_thread(self._checkpoint, copy)
+            lower = {p: self.positions[p] for p in sorted(self.owned)}
+            await asyncio.sleep(0)  # operations started before `lower` hand their writes over
+            await asyncio.gather(self.streams.settled(), self.retained.settled())
+            folder = self.data_dir / "exports" / request.id
+            epoch = self.bus.epoch or ""
+            partitions = sorted(self.owned)
+            pool: Executor
+            if self.reader == "process":
+                pool = ProcessPoolExecutor(1, mp_context=_children())
+            else:
+                pool = ThreadPoolExecutor(1)
+            try:
+                # Submitted from a thread: starting a child waits for the fork server (the
+                # first time, for it to start and import), which must not hold the event loop.
+                future = await asyncio.to_thread(
+                    pool.submit, read_part, self.data_dir, folder, self.instance, epoch, partitions
+                )
+                at_ms, part = await asyncio.wrap_future(future)
+            finally:
+                await asyncio.to_thread(pool.shutdown)  # the child's exit, off the event loop
+            upper = {p: self.positions[p] for p in partitions}
+            cut = tables.Cut(epoch, at_ms, None, lower, upper, part.stores, part.shards)
+            await asyncio.to_thread(export.write_retainer_cut, folder, self.instance, cut)
+            counts = {"retained": part.retained, "streams": part.streams}
+            await asyncio.gather(self.streams.settled(), self.retained.settled())
         finally:
-            self.streams.release_writes()
-            self.retained.release_writes()
-        pause_ms = (time.perf_counter() - paused) * 1000
-        cut = tables.Cut(self.bus.epoch or "", at_ms, None, lower, upper)
-        counts = await asyncio.to_thread(self._write, copy, folder, cut)
-        log.info("export_written", folder=str(folder), pause_ms=round(pause_ms, 3), **counts)
+            self.streams.unwatch(watches[0])
+            self.retained.unwatch(watches[1])
+        pause_ms = max(watch.longest_ms for watch in watches)
+        writes = sum(watch.writes for watch in watches)
+        took = time.perf_counter() - started
+        before_ms = max((ms for at, ms in recent if at >= started - took), default=0.0)
+        exact = all(wanted <= set(cut.stores[p]) for p, wanted in _every_store(cut).items())
+        log.info(
+            "export_written",
+            folder=str(folder),
+            pause_ms=round(pause_ms, 3),
+            before_ms=round(before_ms, 3),
+            writes=writes,
+            exact=exact,
+            **counts,
+        )
         return {
             "folder": str(folder),
             "epoch": cut.epoch,
             "at_ms": at_ms,
-            "publications": {str(p): o for p, o in lower.items()},
-            "publications_upto": {str(p): o for p, o in upper.items()},
+            "publications": {str(p): o for p, o in (cut.publications or {}).items()},
+            "publications_upto": {str(p): o for p, o in (cut.publications_upto or {}).items()},
+            "stores": {str(p): by for p, by in cut.stores.items()},
+            "exact": exact,
             **counts,
             "pause_ms": round(pause_ms, 3),
+            "writes_during": writes,
+            "before_ms": round(before_ms, 3),
             "total_s": round(time.perf_counter() - started, 3),
         }
-
-    def _checkpoint(self, copy: Path) -> None:
-        copy.mkdir(parents=True)
-        self.streams.store.checkpoint(copy / "streams")
-        self.retained.store.checkpoint(copy / "retained")
-
-    def _write(self, copy: Path, folder: Path, cut: tables.Cut) -> dict[str, int]:
-        try:
-            retained = export.export_retainer(copy, folder, self.instance)
-            export.write_retainer_cut(folder, self.instance, cut)
-        finally:
-            shutil.rmtree(copy, ignore_errors=True)
-        part = folder / "streams" / f"{self.instance}.parquet"
-        streams = pq.read_metadata(part).num_rows if part.exists() else 0
-        return {"retained": retained, "streams": streams}
 
     async def _answer(
         self, request: schemas.AdminRequest, partition: int, result: dict[str, Any]
@@ -154,3 +181,37 @@ class RetainerExports:
 
     async def close(self) -> None:
         await self._requests.cancel()
+
+
+def _children() -> multiprocessing.context.BaseContext:
+    """Where export children come from: a fork server (started at the first export, itself a
+    fresh interpreter, not a fork of the retainer) that has imported the export's code, so each
+    child is a cheap fork of it rather than a new interpreter importing pyarrow and the rest
+    while the writers compete with it for the CPU."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload([__name__])
+    return context
+
+
+def read_part(
+    data_dir: Path, folder: Path, instance: str, epoch: str, partitions: list[int]
+) -> tuple[int, export.RetainerPart]:
+    """In the child: the wall-clock time, then the part read from the live stores opened
+    read-only (`relay_archive.export.export_retainer_part`)."""
+    at_ms = int(schemas.now_ms_())
+    part = export.export_retainer_part(data_dir, folder, instance, epoch, partitions, True)
+    return at_ms, part
+
+
+def _every_store(cut: tables.Cut) -> dict[int, set[str]]:
+    """Per partition, every store the cut should place: the retained store and each shard of
+    each stream database."""
+    return {
+        p: {standing.RETAINED}
+        | {
+            standing.stream_store(db, s)
+            for db, n in cut.shards.get(p, {}).items()
+            for s in range(n)
+        }
+        for p in (cut.publications or {})
+    }

@@ -4,9 +4,11 @@ retained publishes and `retained_request` records.
 
 Writes: every retained publish and every delete (a delete is a write of an empty payload) is
 queued in the order its record was read, and every write waiting when the writer is free goes
-into one `store_many` call (one synced RocksDB batch, one fsync for the lot). A call refused as
-a whole (one write's bad input, or more new topics than `max_retained` leaves room for) is
-applied again one write at a time, in order, so only the offending writes are refused.
+into one `store_many` call (one synced RocksDB batch, one fsync for the lot), with the log
+position of each write's record (`relay_streams.marks`: an online export's exact cut). A
+call refused as a whole (one write's bad input, or more new topics than `max_retained` leaves
+room for) is applied again one write at a time, in order, so only the offending writes are
+refused.
 
 Invariants:
 - readiness condition `retained` is true only while the store is open;
@@ -41,10 +43,11 @@ from relay_durable import codec
 from relay_durable.outcome import Outcome
 from relay_retainer import answers
 from relay_retainer.replication import ReplicationFailed, RetainedReplication
-from relay_retainer.rounds import Rounds
+from relay_retainer.rounds import Rounds, Watch
 from relay_runtime import exits
 from relay_runtime.readiness import Readiness
 from relay_streams.errors import BadInput, Closed, StreamsError
+from relay_streams.marks import Mark
 from relay_streams.retained import Retained, RetainedFull, RetainedSettings, RetainedStore, Write
 from relay_topics import rules as topic_rules
 
@@ -106,7 +109,7 @@ class RetainedHost:
         """Whether a topic belongs to a partition this retainer owns (for the rebuild)."""
         self._store: RetainedStore | None = None
         split_on = (BadInput, RetainedFull, topic_rules.TopicError)
-        self._rounds: Rounds[Write] = Rounds(self._apply, split_on, "retained-writer")
+        self._rounds: Rounds[tuple[Write, Mark]] = Rounds(self._apply, split_on, "retained-writer")
         self._sweeper: asyncio.Task[None] | None = None
         readiness.register("retained")
 
@@ -154,12 +157,16 @@ class RetainedHost:
         """Return once every write handed over so far is settled (`Rounds.settled`)."""
         await self._rounds.settled()
 
-    def hold_writes(self) -> None:
-        """Rounds not started yet wait until `release_writes` (`Rounds.hold`)."""
-        self._rounds.hold()
+    def watch(self) -> Watch:
+        """`Rounds.watch`: how long the writes settled from now on waited."""
+        return self._rounds.watch()
 
-    def release_writes(self) -> None:
-        self._rounds.release()
+    def unwatch(self, watch: Watch) -> None:
+        self._rounds.unwatch(watch)
+
+    def recent_waits(self) -> list[tuple[float, float]]:
+        """`Rounds.recent`."""
+        return self._rounds.recent()
 
     async def stop_writing(self) -> None:
         """Finish the writes already handed over, then take no more (a drain hook)."""
@@ -179,13 +186,15 @@ class RetainedHost:
 
     # -- writes ----------------------------------------------------------------------------
 
-    def submit(self, write: Write, expired: Callable[[], bool]) -> asyncio.Future[None]:
-        """Queue a write (in the caller's order); the future settles once it is durable, or
-        with the store's refusal, or `Expired`."""
-        return self._rounds.submit(write, expired)
+    def submit(self, write: Write, mark: Mark, expired: Callable[[], bool]) -> asyncio.Future[None]:
+        """Queue a write (in the caller's order) with its record's log position; the future
+        settles once it is durable, or with the store's refusal, or `Expired`."""
+        return self._rounds.submit((write, mark), expired)
 
-    async def _apply(self, writes: list[Write]) -> None:
-        await asyncio.to_thread(self.store.store_many, writes)
+    async def _apply(self, writes: list[tuple[Write, Mark]]) -> None:
+        stored = [write for write, _ in writes]
+        marks = [mark for _, mark in writes]
+        await asyncio.to_thread(self.store.store_many, stored, None, marks)
 
     async def _sweep(self) -> None:
         while True:
@@ -248,20 +257,25 @@ class RetainedRequests:
         self._reads: OncePerId[Outcome] = OncePerId(READS_REMEMBERED, "retained-read")
         self._writes: OncePerId[Outcome] = OncePerId(WRITES_REMEMBERED, "retained-write")
 
-    def handle(self, record: schemas.Publication | schemas.RetainedRequest, partition: int) -> None:
-        """Called by the consumer in record order; never waits for the operation."""
+    def handle(
+        self, record: schemas.Publication | schemas.RetainedRequest, partition: int, offset: int
+    ) -> None:
+        """Called by the consumer in record order (`offset`: the record's); never waits for
+        the operation."""
         if record.expired() or (isinstance(record, schemas.Publication) and not record.retain):
             return
         reply = functools.partial(self._answer, record, partition)
         if isinstance(record, schemas.Publication):
             self._writes.handle(
                 record.id,
-                lambda: self._write(record, partition, record.payload, record.expiry_s, 202),
+                lambda: self._write(
+                    record, partition, offset, record.payload, record.expiry_s, 202
+                ),
                 reply,
             )
         elif record.op == "delete":
             self._writes.handle(
-                record.id, lambda: self._write(record, partition, "", None, 204), reply
+                record.id, lambda: self._write(record, partition, offset, "", None, 204), reply
             )
         elif record.op in ("match", "size"):
             self._reads.handle(
@@ -276,6 +290,7 @@ class RetainedRequests:
         self,
         record: schemas.Publication | schemas.RetainedRequest,
         partition: int,
+        offset: int,
         payload: str,
         expiry_s: int | None,
         status: int,
@@ -291,7 +306,8 @@ class RetainedRequests:
             write = Write(record.topic, answers.payload(payload), 0, expiry_s, ts)
         except BadInput as error:
             return answers.guarded(_raise(error), "retained write")
-        done = self.host.submit(write, record.expired)
+        mark = Mark(partition, self.bus.epoch or "", offset + 1)
+        done = self.host.submit(write, mark, record.expired)
         return answers.guarded(self._durable(done, status, write), "retained write")
 
     async def _durable(self, done: asyncio.Future[None], status: int, write: Write) -> Outcome:

@@ -9,8 +9,11 @@ Invariants:
 - a round refused as a whole for one write's sake (`split_on`) is applied again one write at a
   time, in order, so only the offending writes are refused;
 - `stop` finishes the writes already handed over, then takes no more;
-- `settled` waits for the writes handed over before it, and `hold` keeps rounds not yet
-  started from writing until `release` (an online export's barrier and checkpoint).
+- `settled` waits for the writes handed over before it; nothing ever holds the rounds back
+  (an online export reads the stores' marks from read-only opens instead: `relay_streams.marks`);
+- a `Watch` sees how long each write settled while it is on waited from hand-over to its
+  outcome (an export reports the longest), and `recent` keeps the same of the last `RECENT`
+  writes settled (the export's baseline, taken before it starts).
 
 The loop itself (a round is every write handed over while the previous one was written) is
 `relay_durable.batching.BatchLoop`, shared with the queue-writer's outbox; this module adds what
@@ -20,6 +23,8 @@ is the retainer's own: deadlines, grouping and splitting a refused round.
 from __future__ import annotations
 
 import asyncio
+import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
@@ -27,6 +32,9 @@ from typing import Generic, TypeVar
 from relay_durable.batching import BatchLoop
 
 W = TypeVar("W")
+
+RECENT = 4096
+"""Writes whose settle time and wait are kept for `recent`."""
 
 
 class Expired(Exception):
@@ -41,6 +49,15 @@ class Pending(Generic[W]):
     done: asyncio.Future[None] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
+    handed: float = field(default_factory=time.perf_counter)
+
+
+@dataclass(eq=False)  # each watch is itself: `unwatch` removes this one
+class Watch:
+    """Writes settled while watched: how many, and the longest wait from hand-over."""
+
+    writes: int = 0
+    longest_ms: float = 0.0
 
 
 class Rounds(Generic[W]):
@@ -59,8 +76,8 @@ class Rounds(Generic[W]):
         self._group = group
         self._loop: BatchLoop[Pending[W]] = BatchLoop(self._round, name)
         self._unsettled: set[asyncio.Future[None]] = set()
-        self._open = asyncio.Event()
-        self._open.set()
+        self._watches: list[Watch] = []
+        self._recent: deque[tuple[float, float]] = deque(maxlen=RECENT)
 
     def start(self) -> None:
         self._loop.start()
@@ -73,7 +90,29 @@ class Rounds(Generic[W]):
         else:
             self._unsettled.add(pending.done)
             pending.done.add_done_callback(self._unsettled.discard)
+            pending.done.add_done_callback(lambda _: self._waited(pending))
         return pending.done
+
+    def watch(self) -> Watch:
+        """Start watching the writes handed over from now on, until `unwatch`."""
+        watch = Watch()
+        self._watches.append(watch)
+        return watch
+
+    def unwatch(self, watch: Watch) -> None:
+        self._watches.remove(watch)
+
+    def recent(self) -> list[tuple[float, float]]:
+        """The last `RECENT` writes settled: (when, `time.perf_counter`; ms waited)."""
+        return list(self._recent)
+
+    def _waited(self, pending: Pending[W]) -> None:
+        now = time.perf_counter()
+        waited_ms = (now - pending.handed) * 1000
+        self._recent.append((now, waited_ms))
+        for watch in self._watches:
+            watch.writes += 1
+            watch.longest_ms = max(watch.longest_ms, waited_ms)
 
     async def settled(self) -> None:
         """Return once every write handed over before this call is settled (whatever its
@@ -85,16 +124,7 @@ class Rounds(Generic[W]):
     async def stop(self) -> None:
         await self._loop.close()
 
-    def hold(self) -> None:
-        """Rounds that have not started wait until `release` (one already writing goes on);
-        writes are still handed over meanwhile, and go into the next round."""
-        self._open.clear()
-
-    def release(self) -> None:
-        self._open.set()
-
     async def _round(self, batch: list[Pending[W]]) -> None:
-        await self._open.wait()
         live = []
         for pending in batch:
             if pending.expired():

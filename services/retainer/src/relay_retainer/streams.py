@@ -3,8 +3,10 @@ service reports ready, closed after its consumers have stopped, written in batch
 
 Writes: every `store` request waiting when the writer is free goes into one `store_batch` call
 per database (sync: it returns once the WAL is fdatasync'ed), so requests arriving together
-share one write and one fsync per shard. Requests past their deadline by the time the writer
-takes them are dropped unapplied: their asker has answered 503 ("nothing was stored").
+share one write and one fsync per shard; each message carries its request's log position into
+its shard's write batch (`relay_streams.marks`: an online export's exact cut). Requests past
+their deadline by the time the writer takes them are dropped unapplied: their asker has
+answered 503 ("nothing was stored").
 
 Why a single writer task rather than one `store_batch` per request: `rocksdict` keeps the GIL
 during a write and its fsync (decision 0006), so each call stalls this process's event loop for
@@ -31,10 +33,11 @@ import structlog
 from pydantic import BaseModel, Field
 
 from relay_ds.tokens import StreamIterator
-from relay_retainer.rounds import Pending, Rounds
+from relay_retainer.rounds import Pending, Rounds, Watch
 from relay_runtime import exits
 from relay_runtime.readiness import Readiness
 from relay_streams.errors import BadInput, Closed, StreamsError
+from relay_streams.marks import Mark
 from relay_streams.model import Message, NextResult, RankedStream
 from relay_streams.settings import MAX_SHARDS, DbSettings
 from relay_streams.store import StreamStore
@@ -54,8 +57,8 @@ class StreamSettings(BaseModel):
     (base64 payloads, JSON) stays under Kafka's 1 MiB record limit."""
 
 
-StreamWrite = tuple[str, list[Message | tuple[str, bytes]]]
-"""One request's write: its database and messages."""
+StreamWrite = tuple[str, list[Message | tuple[str, bytes]], Mark]
+"""One request's write: its database, messages and its record's log position."""
 
 
 def _by_db(writes: list[Pending[StreamWrite]]) -> list[list[Pending[StreamWrite]]]:
@@ -114,12 +117,16 @@ class StreamHost:
         """Return once every write handed over so far is settled (`Rounds.settled`)."""
         await self._rounds.settled()
 
-    def hold_writes(self) -> None:
-        """Rounds not started yet wait until `release_writes` (`Rounds.hold`)."""
-        self._rounds.hold()
+    def watch(self) -> Watch:
+        """`Rounds.watch`: how long the writes settled from now on waited."""
+        return self._rounds.watch()
 
-    def release_writes(self) -> None:
-        self._rounds.release()
+    def unwatch(self, watch: Watch) -> None:
+        self._rounds.unwatch(watch)
+
+    def recent_waits(self) -> list[tuple[float, float]]:
+        """`Rounds.recent`."""
+        return self._rounds.recent()
 
     async def stop_writing(self) -> None:
         """Finish the writes already handed over, then take no more (a drain hook)."""
@@ -139,17 +146,20 @@ class StreamHost:
         self,
         db: str,
         messages: Sequence[Message | tuple[str, bytes]],
+        mark: Mark,
         expired: Callable[[], bool],
     ) -> None:
         """Return once `messages` are durable (raises the store's error otherwise, or `Expired`
-        when the request's deadline passed before the writer took it)."""
+        when the request's deadline passed before the writer took it); `mark`: the log
+        position of their request."""
         self.store.db(db)  # NotFound before queueing
-        await self._rounds.submit((db, list(messages)), expired)
+        await self._rounds.submit((db, list(messages), mark), expired)
 
     async def _apply(self, writes: list[StreamWrite]) -> None:
         """One round's writes to one database: one `store_batch`, synced."""
-        messages = [m for _db, part in writes for m in part]
-        await asyncio.to_thread(self.store.store_batch, writes[0][0], messages, True)
+        messages = [m for _db, part, _mark in writes for m in part]
+        marks = [mark for _db, part, mark in writes for _ in part]
+        await asyncio.to_thread(self.store.store_batch, writes[0][0], messages, True, marks)
 
     # -- reads -----------------------------------------------------------------------------
 
