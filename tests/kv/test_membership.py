@@ -143,3 +143,46 @@ def test_a_change_must_be_newer_and_change_something() -> None:
         membership.Change.start(old, reversed(SITES[:3]), 6)
     with pytest.raises(membership.BadChange, match="at least one site"):
         membership.Change.start(old, [], 6)
+
+
+def test_a_target_is_refused_for_unknown_sites_or_too_few() -> None:
+    view = View(1, tuple(SITES[:2]))
+    known = set(SITES[:3])
+    assert membership.check_target(view, [SITES[2], SITES[0], SITES[1]], known, 3) == tuple(
+        sorted(SITES[:3])
+    )
+    with pytest.raises(membership.UnknownSites, match=SITES[4]):
+        membership.check_target(view, [SITES[0], SITES[4]], known, 1)
+    with pytest.raises(membership.TooFewSites):
+        membership.check_target(view, [SITES[0]], known, 2)
+    with pytest.raises(membership.TooFewSites):
+        membership.check_target(view, [], known, 0)
+
+
+def test_the_steps_need_every_participant() -> None:
+    change = membership.Change.start(View(1, tuple(SITES[:2])), SITES[:3], 2)
+    everyone = SITES[:3]
+    reports = {SITES[0]: membership.Report.INSTALLED, SITES[1]: membership.Report.PULLED}
+    assert not membership.may_pull(reports, everyone)
+    reports[SITES[2]] = membership.Report.INSTALLED
+    assert membership.may_pull(reports, everyone)
+    assert not membership.may_read_new(change, reports)
+    reports[SITES[0]] = reports[SITES[2]] = membership.Report.PULLED
+    assert membership.may_read_new(change, reports)
+    assert not membership.all_read_new(reports, everyone)
+    reports = dict.fromkeys(everyone[:2], membership.Report.READING_NEW)
+    reports[SITES[2]] = membership.Report.DONE
+    assert membership.all_read_new(reports, everyone)
+
+
+@given(st.integers(1, 7))
+def test_a_pull_quorum_meets_every_default_write_quorum(home: int) -> None:
+    assert membership.pull_quorum(home) + (home // 2 + 1) > home
+    assert 1 <= membership.pull_quorum(home) <= home
+
+
+@given(changes())
+def test_a_change_survives_its_encoding(change: membership.Change) -> None:
+    assert membership.decode_change(membership.encode_change(change)) == change
+    moved = change.reading_new()
+    assert membership.decode_change(membership.encode_change(moved)) == moved

@@ -169,10 +169,10 @@ class Sync:
         my_shards = self.shards(n, peer, groups)["shards"]
         differing = tictac.differing(my_shards, their_shards)
         for start in range(0, len(differing), self.shards_per_call):
-            await self._repair_shards(peer, n, differing[start : start + self.shards_per_call])
+            await self.repair_shards(peer, n, differing[start : start + self.shards_per_call])
         return len(differing)
 
-    async def _repair_shards(self, peer: str, n: int, shards: list[int]) -> None:
+    async def repair_shards(self, peer: str, n: int, shards: list[int]) -> None:
         """Make this site and `peer` hold the join of every key of `shards`: one listing of
         the peer's keys for all of them, then pulls and pushes `batch` keys at a time."""
         asked = {"n": n, "shards": shards}
