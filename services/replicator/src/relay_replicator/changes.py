@@ -14,9 +14,10 @@ The rules are `relay_kv.membership`'s; this module sequences them:
   and learns how far they are from the answers; then, in order:
   1. once every participant holds the change (so every coordinator dual-writes) and a replica
      timeout has passed (a write planned before that is decided), this site pulls the shards it
-     enters: per replication factor n, anti-entropy's exchange (`Sync.repair_shards`) with each
-     of the shard's old home replicas, a shard counting once a read quorum of them was merged
-     (`membership.pull_quorum`); pulled shards are kept in `members.json`;
+     enters: per replication factor n, anti-entropy's exchange (`Sync.repair_shards`, pulling
+     only) with each of the shard's old home replicas in turn, a shard counting once a read
+     quorum of them was merged (`membership.pull_quorum`); pulled shards are kept in
+     `members.json`;
   2. once every site of the new view pulled, this site reads the new home replicas;
   3. once every participant reads them, the new view is the view (writes stop going to the old
      home replicas).
@@ -272,20 +273,9 @@ class Changes:
             wanted = [s for s in change.incoming(me, n, with_data) if s not in pulled]
             for start in range(0, len(wanted), PULL_CHUNK):
                 chunk = wanted[start : start + PULL_CHUNK]
-                merged: dict[int, int] = dict.fromkeys(chunk, 0)
-                for site in old_sites:
-                    if site not in held:
-                        continue
-                    theirs = [s for s in chunk if site in change.old.replicas(s, n).home]
-                    if not theirs:
-                        continue
-                    try:
-                        await self.sync.repair_shards(site, n, theirs)
-                    except (PeerError, Refused, TimeoutError) as error:
-                        log.info("kv_pull_interrupted", site=site, n=n, error=str(error))
-                        continue
-                    for shard in theirs:
-                        merged[shard] += 1
+                merged = await self._pull_chunk(
+                    change, n, chunk, [s for s in old_sites if s in held]
+                )
                 got = [
                     s
                     for s in chunk
@@ -297,6 +287,27 @@ class Changes:
         if done:
             log.info("kv_pull_done", shards={n: len(s) for n, s in peers.pulled.items()})
         return done
+
+    async def _pull_chunk(
+        self, change: membership.Change, n: int, chunk: list[int], sources: list[str]
+    ) -> dict[int, int]:
+        """Pull `chunk` from each of `sources` that is an old home replica of some of it, one
+        after the other (the second finds equal hashes for what the first brought: pulling all
+        at once was measured to merge every key from each, for a few seconds less); per shard,
+        how many of them were merged."""
+        merged = dict.fromkeys(chunk, 0)
+        for site in sources:
+            theirs = [s for s in chunk if site in change.old.replicas(s, n).home]
+            if not theirs:
+                continue
+            try:
+                await self.sync.repair_shards(site, n, theirs, push=False)
+            except (PeerError, Refused, TimeoutError) as error:
+                log.info("kv_pull_interrupted", site=site, n=n, error=str(error))
+                continue
+            for shard in theirs:
+                merged[shard] += 1
+        return merged
 
 
 class _Answer(Exception):
