@@ -29,11 +29,11 @@ One suite, `relayctl up --replicators 3` in a temp data dir, a namespace with n=
   (`filled_rest_cpu_percent*`).
 - join: a fourth replicator is started (the environment of the first, its own port and data
   dir, a peer list naming all four): it adopts the three-site view. `--clients` tasks write
-  random keys for `--join-before-s`, then the admin asks for the four sites (`PUT
-  /ds/storages/kv/replicas`) and the writes go on until `GET /ds/storages/kv` shows the new view
-  with no change, and 3 s more. Figures: the time from the PUT to that (`join_s`), writes/s
-  before, during and after the change (and during/before), errors, the keys the new site pulled
-  (`relay_kv_sync_keys_total{way="pulled"}`), its store's keys afterwards.
+  random keys for `--join-before-s`, then the admin asks for it (`relayctl ds join kv SITE`:
+  `PUT /ds/storages/kv/replicas/{site}`) and the writes go on until `GET /ds/storages/kv`
+  shows the new view with no change, and 3 s more. Figures: the time from the request to that
+  (`join_s`), writes/s before, during and after the change (and during/before), errors, the
+  keys the new site pulled (`relay_kv_sync_keys_total{way="pulled"}`).
 The last line is the JSON summary (`bench/report.py`).
 """
 
@@ -366,9 +366,15 @@ async def join_run(
         site = (await admin.get(f"{joining}/internal/kv/site")).json()["site"]
         shown = (await admin.get("/ds/storages/kv")).json()
         asked = time.monotonic() - began
-        put = await admin.put("/ds/storages/kv/replicas", json=[*shown["sites"], site])
-        if put.status_code != 202:
-            raise RuntimeError(f"join refused: {put.text}")
+        joined = await asyncio.create_subprocess_exec(
+            str(kv_bench.VENV_BIN / "relayctl"),
+            *("ds", "join", "kv", site, "--data-dir", str(relay.data_dir)),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        printed, _ = await joined.communicate()
+        if joined.returncode != 0:
+            raise RuntimeError(f"relayctl ds join kv refused: {printed.decode()}")
         while True:
             now = (await admin.get("/ds/storages/kv")).json()
             if now["version"] > shown["version"] and "change" not in now:
