@@ -186,3 +186,29 @@ def test_a_change_survives_its_encoding(change: membership.Change) -> None:
     assert membership.decode_change(membership.encode_change(change)) == change
     moved = change.reading_new()
     assert membership.decode_change(membership.encode_change(moved)) == moved
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 5), st.integers(0, 65_535), st.data())
+def test_majorities_per_view_meet_in_each_view(
+    old_count: int, shard: int, data: st.DataObject
+) -> None:
+    """Relay's own namespaces (N = 7, quorums a majority of the home set): a joint write
+    acknowledged by a majority of each view meets every majority read of either view."""
+    old = SITES[:old_count]
+    new = SITES[: old_count + 1] if data.draw(st.booleans()) or old_count == 1 else old[1:]
+    change = membership.Change.start(View(1, tuple(old)), new, 2)
+    joint = change.replicas(shard, 7)
+    w_old, w_new = membership.majorities(joint)
+    plan = membership.plan_write(joint, set(SITES), w_old, w_new)
+    round_ = membership.JointWriteRound(joint, plan.targets, w_old, w_new)
+    acked: set[str] = set()
+    for site in data.draw(st.permutations(plan.targets)):
+        round_.ack(site)
+        acked.add(site)
+        if round_.decided is quorum.Outcome.OK:
+            break
+    assert round_.decided is quorum.Outcome.OK
+    for home, r in ((joint.old.home, w_old), (joint.new.home, w_new)):
+        for read in itertools.combinations(home, r):
+            assert acked & set(read), (home, r, acked)

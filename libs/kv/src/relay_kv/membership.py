@@ -165,6 +165,14 @@ def all_read_new(reports: Mapping[str, Report], participants: Iterable[str]) -> 
     return all(reports.get(s, 0) >= Report.READING_NEW for s in participants)
 
 
+def majorities(joint: Joint) -> tuple[int, int]:
+    """A majority of each view's home set (old, new): the R and W of a namespace whose quorums
+    are majorities of the home replicas that exist (Relay's own), kept per view during a change
+    so that R + W > the home set's size in each (one number for both would not be: with home
+    sets of 3 and 4, 2 is a majority of the first only)."""
+    return len(joint.old.home) // 2 + 1, len(joint.new.home) // 2 + 1
+
+
 def pull_quorum(home: int) -> int:
     """How many of a shard's `home` old replicas a pull must merge: a read quorum against the
     default W (a majority), R = home - W + 1."""
@@ -206,12 +214,15 @@ def finished(steps: Mapping[str, Step], sites: Iterable[str]) -> bool:
     return all(steps.get(site) is Step.READING_NEW for site in sites)
 
 
-def plan_write(joint: Joint, reachable: Collection[str], w: int) -> quorum.WritePlan:
+def plan_write(
+    joint: Joint, reachable: Collection[str], w: int, w_new: int | None = None
+) -> quorum.WritePlan:
     """Where a write goes during a change: every reachable home replica of both views, once
-    each view has W of them (`quorum.Unavailable` otherwise); hints for the unreachable ones on
+    each view has W of them (`w_new` for the new view when its W differs: a majority of home
+    sets of different sizes); `quorum.Unavailable` otherwise; hints for the unreachable ones on
     the old view's first reachable fallback that is not itself a target."""
     old = quorum.plan_write(joint.old, reachable, w)
-    new = quorum.plan_write(joint.new, reachable, w)
+    new = quorum.plan_write(joint.new, reachable, w if w_new is None else w_new)
     targets = old.targets + tuple(s for s in new.targets if s not in old.targets)
     helper = next(
         (s for s in joint.old.fallback if s in reachable and s not in targets),
@@ -237,6 +248,8 @@ class JointWriteRound:
     joint: Joint
     targets: tuple[str, ...]
     w: int
+    w_new: int | None = None
+    """The new view's W when it differs from the old's (`plan_write`)."""
     old: quorum.WriteRound = field(init=False)
     new: quorum.WriteRound = field(init=False)
 
@@ -245,7 +258,8 @@ class JointWriteRound:
             tuple(s for s in self.targets if s in self.joint.old.home), self.w
         )
         self.new = quorum.WriteRound(
-            tuple(s for s in self.targets if s in self.joint.new.home), self.w
+            tuple(s for s in self.targets if s in self.joint.new.home),
+            self.w if self.w_new is None else self.w_new,
         )
 
     def ack(self, site: str) -> None:

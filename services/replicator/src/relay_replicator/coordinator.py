@@ -509,8 +509,11 @@ class Coordinator:
             round_ = quorum.WriteRound(plan.targets, w)
         else:
             joint = change.replicas(target.shard, target.n)
-            plan = membership.plan_write(joint, self.peers.reachable(), w)
-            round_ = membership.JointWriteRound(joint, plan.targets, w)
+            w_new = None
+            if target.majorities:
+                w, w_new = membership.majorities(joint)
+            plan = membership.plan_write(joint, self.peers.reachable(), w, w_new)
+            round_ = membership.JointWriteRound(joint, plan.targets, w, w_new)
             # Hints for either set's home replicas, on an old fallback that is no target.
             home = placement.Replicas(
                 joint.home, tuple(s for s in joint.old.fallback if s not in joint.home)
@@ -568,6 +571,9 @@ class Coordinator:
             targets = quorum.plan_read(home, self.peers.reachable(), r)
         else:
             joint = change.replicas(target.shard, target.n)
+            if target.majorities:
+                r_old, r_new = membership.majorities(joint)
+                r = r_new if change.step is membership.Step.READING_NEW else r_old
             targets = membership.plan_read(joint, self.peers.reachable(), r, change.step)
         round_ = quorum.ReadRound(targets, r)
         decided = asyncio.Event()
@@ -652,6 +658,12 @@ class _Target:
     @property
     def shard(self) -> int:
         return placement.shard_of(self.namespace, self.key)
+
+    @property
+    def majorities(self) -> bool:
+        """Relay's own namespaces: R and W are a majority of the home replicas that exist (per
+        view during a membership change), not a namespace definition's."""
+        return self.namespace == names.NAMESPACES or self.namespace in names.SYSTEM
 
 
 def _check_type(current: crdt.Value | None, wanted: type[crdt.Value], now_ms: int) -> None:
