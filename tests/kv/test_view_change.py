@@ -1,8 +1,9 @@
 """Membership changes of the replicators while clients write and read: a third replicator joins a
 two-site cluster, then an original one leaves, each started by the admin through the ingress
 (`PUT /ds/storages/kv/replicas`, `DELETE /ds/storages/kv/replicas/{site}`); a replicator
-SIGKILLed in the middle of a change resumes it from `members.json`; bad bodies are answered 400
-(or 409 during a change) and change nothing.
+SIGKILLed in the middle of a change resumes it from `members.json`, and one started meanwhile
+adopts the change and takes part before it coordinates; bad bodies are answered 400 (or 409
+during a change) and change nothing.
 
 Real processes: Kafka, replicators, an ingress; no anti-entropy (only the change's own
 mechanisms move data). The namespace has n=2, w=2, so every acknowledged write is on both home
@@ -260,7 +261,7 @@ def test_a_site_joins_then_one_leaves_while_clients_write_and_read(
         assert members_file(a)["view"] == {"version": 3, "sites": sorted(two)}
 
 
-def test_a_replicator_killed_mid_change_resumes_it(
+def test_a_replicator_killed_mid_change_resumes_it_and_one_started_meanwhile_takes_part(
     tmp_path: Path, kafka: helpers.Kafka, redis_url: str
 ) -> None:
     env = {**QUIET, "RELAY_REQUEST_TIMEOUT_S": "20"}
@@ -282,6 +283,11 @@ def test_a_replicator_killed_mid_change_resumes_it(
             assert other.json()["error"] == "CHANGE_IN_PROGRESS"
             time.sleep(2)
             assert storage(running)["change"]["sites"] == sorted(three)
+            # A replicator started now adopts the change; it coordinates nothing until every
+            # participant counts it (C is down), and the change then waits for it too.
+            d = running.add("D")
+            assert d.get("/internal/kv/status")["change"] == sorted(three)
+            assert d.site not in members_file(d)["participants"]
             running.restart("C")
             eventually(
                 lambda: finished(running, 2, three), 60, "the join finished after C's restart"
@@ -292,3 +298,4 @@ def test_a_replicator_killed_mid_change_resumes_it(
         check_held(running, before, three)
         check_held(running, load, three)
         check_reads(client, load)
+        assert members_file(d)["view"] == {"version": 2, "sites": sorted(three)}

@@ -8,7 +8,8 @@ The rules are `relay_kv.membership`'s; this module sequences them:
   (`membership.check_target`, against the largest N of the namespace definitions the sites
   hold); the change (old view -> new view, version + 1) is installed here and pushed to every
   participant (the sites of both views and every other replicator that answered: each of them
-  coordinates);
+  coordinates); a replicator that gets the change otherwise (started during it) coordinates
+  nothing until every participant has heard its report (and so counts it, or has finished);
 - **rounds** (every `round_s`, while a change is held): this site tells every participant how far
   it is (`POST /internal/kv/change`, which also installs the change at a site that missed it)
   and learns how far they are from the answers; then, in order:
@@ -233,15 +234,23 @@ class Changes:
             "sites": {**peers.sites, **({peers.me: peers.url} if peers.url else {})},
         }
 
-        async def tell(site: str) -> None:
-            with contextlib.suppress(PeerError, KeyError, ValueError):
+        async def tell(site: str) -> bool:
+            try:
                 answer = await peers.call(
                     site, "/internal/kv/change", {**body, "report": int(peers.reports[peers.me])}
                 )
                 peers.report(site, Report(int(answer["report"])))
+            except (PeerError, KeyError, ValueError):
+                return False
+            return True
 
         others = [s for s in peers.participants if s != peers.me]
-        await asyncio.gather(*(tell(site) for site in others))
+        told = await asyncio.gather(*(tell(site) for site in others))
+        if peers.me not in peers.participants and all(told):
+            # Every participant now counts this site (or finished): it may coordinate.
+            peers.participants = tuple(sorted({*peers.participants, peers.me}))
+            peers.save()
+            log.info("kv_view_change_admitted", change=change)
         if any(peers.reports.get(s) == Report.DONE for s in others):
             # Someone finished: every participant read the new set, this one included.
             peers.report(peers.me, Report.READING_NEW)

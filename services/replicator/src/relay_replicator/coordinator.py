@@ -75,6 +75,9 @@ NS_N = names.MAX_N
 seven) keeps every definition, so each can read a namespace's `gc_grace` locally."""
 NS_CACHE_S = 2.0
 MAX_RESENDS = 3
+ADMISSION_WAITS = 40
+"""How many 50 ms waits a request gets for this site to be admitted to a change it holds
+(`Peers.admitted`: a round or two of reports) before it is refused."""
 
 
 class Refusal(Exception):
@@ -222,6 +225,12 @@ class Coordinator:
     async def _run(self, request: schemas.KvRequest) -> Outcome:
         if not self.peers.resolved:
             raise Refusal(503, "UNAVAILABLE", "the replicator does not know every peer yet")
+        for _ in range(ADMISSION_WAITS):
+            if self.peers.admitted:
+                break
+            await asyncio.sleep(0.05)
+        else:
+            raise Refusal(503, "UNAVAILABLE", "the replicator is joining a membership change")
         if request.op == "ns_put":
             return await self._ns_put(request)
         if request.op in ("view", "view_change"):

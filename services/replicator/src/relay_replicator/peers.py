@@ -158,6 +158,12 @@ class Peers:
         )
 
     @property
+    def admitted(self) -> bool:
+        """No change is held, or this site takes part in it (every participant counts it, so
+        none finishes without it): only then may it coordinate."""
+        return self.change is None or self.me in self.participants
+
+    @property
     def site_count(self) -> int:
         """How many sites the smaller of the views has (a system namespace's quorum is a
         majority of it, so that it can be met in both views during a change)."""
@@ -185,7 +191,7 @@ class Peers:
                 else:
                     self.sites[site] = url
                     log.info("kv_peer_found", site=site, url=url)
-            if not self.established and not self._unresolved():
+            if not self.established:
                 await self._join_or_found()
                 caught_up = True
             elif self.established and not caught_up:
@@ -207,13 +213,14 @@ class Peers:
         return found
 
     async def _join_or_found(self) -> None:
-        """No view yet: take the newest a peer has (joining a running cluster), or found one
-        of every site found (a new cluster)."""
+        """No view yet: take the newest a peer has (joining a running cluster: one peer that
+        answers is enough), or found one of every site of the list once every one answered and
+        none has a view (a new cluster)."""
         answers = await self._memberships()
         views = [m for m in answers.values() if m.get("established")]
         if views:
             self.adopt(max(views, key=lambda m: int(m["view"]["version"])))
-        elif len(answers) < len(self.sites):
+        elif self._unresolved() or len(answers) < len(self.sites):
             return  # a silent peer may have a view: found none until every one answers
         else:
             self.view = View(1, tuple(sorted({self.me, *self.sites})))
