@@ -115,7 +115,7 @@ class Changes:
                 change = await self._start(tuple(sorted(set(sites))))
             except _Answer as answer:
                 return answer.outcome
-        await self.round()
+        await self._tell_everyone(change)  # the next rounds carry it on
         return Outcome(202, {"version": change.new.version})
 
     async def _start(self, wanted: tuple[str, ...]) -> membership.Change:
@@ -167,6 +167,8 @@ class Changes:
         sender = str(body["site"])
         urls = {str(s): str(u) for s, u in body.get("sites", {}).items()}
         async with self._lock:
+            if not peers.established:
+                raise Refused("this replicator has no view yet")
             if change.new.version <= peers.view.version:
                 return {"report": int(Report.DONE)}
             if peers.change is None:
@@ -194,12 +196,16 @@ class Changes:
             _STEP.set(0)
             return
         await self._tell_everyone(change)
+        if peers.change is not change:  # taken from a peer meanwhile (at start): next round
+            return
         mine = peers.reports[peers.me]
         if mine == Report.INSTALLED and membership.may_pull(peers.reports, peers.participants):
             now = time.monotonic()
             if self._settled_at is None:
                 self._settled_at = now + self.timeout_s
             if now >= self._settled_at and await self.pull(change):
+                if peers.change is not change:
+                    return
                 self._advance(Report.PULLED)
         if peers.reports[peers.me] == Report.PULLED and membership.may_read_new(
             change, peers.reports
