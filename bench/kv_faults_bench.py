@@ -4,8 +4,8 @@ comparable: etcd and Redis have no per-key anti-entropy).
 
     .venv/bin/python bench/kv_faults_bench.py
         options (defaults): --keys 20000 --clients 16 --kill-seconds 15 --divergent 100000
-        --rest-seconds 30 --restart-keys 1000000 --value-bytes 256
-        --skip kill|diverge|rest|restart (repeatable)
+        --rest-seconds 30 --restart-keys 1000000 --value-bytes 256 --join-before-s 5
+        --skip kill|diverge|rest|restart|join (repeatable)
 
 One suite, `relayctl up --replicators 3` in a temp data dir, a namespace with n=3, r=2, w=2
 (`kv_bench.Relay`), `--keys` keys written once; then, in order:
@@ -27,6 +27,13 @@ One suite, `relayctl up --replicators 3` in a temp data dir, a namespace with n=
   200 from its `/readyz` is measured, with the same figure before the fill for comparison.
   Target: ready within 2 s at 1M keys. Then the rest figures again, with the filled stores
   (`filled_rest_cpu_percent*`).
+- join: a fourth replicator is started (the environment of the first, its own port and data
+  dir, a peer list naming all four): it adopts the three-site view. `--clients` tasks write
+  random keys for `--join-before-s`, then the admin asks for it (`relayctl ds join kv SITE`:
+  `PUT /ds/storages/kv/replicas/{site}`) and the writes go on until `GET /ds/storages/kv`
+  shows the new view with no change, and 3 s more. Figures: the time from the request to that
+  (`join_s`), writes/s before, during and after the change (and during/before), errors, the
+  keys the new site pulled (`relay_kv_sync_keys_total{way="pulled"}`).
 The last line is the JSON summary (`bench/report.py`).
 """
 
@@ -34,9 +41,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import random
 import signal
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -301,6 +310,126 @@ def restart_phase(relay: kv_bench.Relay, options: Any, value: bytes) -> dict[str
     }
 
 
+def start_joining(relay: kv_bench.Relay) -> tuple[subprocess.Popen[bytes], str]:
+    """A fourth replicator, configured as the suite's first but for its instance, port, data
+    dir and peers (every replicator, itself included); once ready."""
+    first = replicators(relay.data_dir)[0]
+    assert first.pid is not None
+    raw = Path(f"/proc/{first.pid}/environ").read_bytes().split(b"\0")
+    env = dict(item.decode().split("=", 1) for item in raw if b"=" in item)
+    port = kv_bench.free_port()
+    url = f"http://{env.get('RELAY_HTTP__HOST', '127.0.0.1')}:{port}"
+    env.update(
+        RELAY_INSTANCE="replicator-joining",
+        RELAY_HTTP__PORT=str(port),
+        RELAY_DATA__DIR=str(relay.data_dir / "replicator-joining"),
+        RELAY_KV__PEERS=json.dumps([*replicator_urls(relay.data_dir), url]),
+    )
+    with (relay.data_dir / "logs" / "replicator-joining.log").open("ab") as out:
+        process = subprocess.Popen(
+            [str(kv_bench.VENV_BIN / "relay-replicator")], env=env, stdout=out, stderr=out
+        )
+    with httpx.Client(timeout=1) as http:
+        for _ in range(600):
+            try:
+                if http.get(f"{url}/readyz").status_code == 200:
+                    return process, url
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+    process.kill()
+    raise RuntimeError("the joining replicator never got ready")
+
+
+async def join_run(
+    relay: kv_bench.Relay, keys: list[str], options: Any, value: bytes, joining: str
+) -> dict[str, Any]:
+    await relay.open(options.clients)
+    admin = httpx.AsyncClient(
+        base_url=relay.url, headers={"Authorization": f"Bearer {relay.admin}"}, timeout=30
+    )
+    done: list[tuple[float, bool]] = []
+    began = time.monotonic()
+    stop = asyncio.Event()
+
+    async def worker(w: int) -> None:
+        rng = random.Random(w)  # noqa: S311 - a workload, not a secret
+        while not stop.is_set():
+            try:
+                ok = await relay.write(w, rng.choice(keys), value)
+            except httpx.HTTPError:
+                ok = False
+            done.append((time.monotonic() - began, ok))
+
+    async def change() -> tuple[float, float, dict[str, Any]]:
+        await asyncio.sleep(options.join_before_s)
+        site = (await admin.get(f"{joining}/internal/kv/site")).json()["site"]
+        shown = (await admin.get("/ds/storages/kv")).json()
+        asked = time.monotonic() - began
+        joined = await asyncio.create_subprocess_exec(
+            str(kv_bench.VENV_BIN / "relayctl"),
+            *("ds", "join", "kv", site, "--data-dir", str(relay.data_dir)),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        printed, _ = await joined.communicate()
+        if joined.returncode != 0:
+            raise RuntimeError(f"relayctl ds join kv refused: {printed.decode()}")
+        while True:
+            now = (await admin.get("/ds/storages/kv")).json()
+            if now["version"] > shown["version"] and "change" not in now:
+                ended = time.monotonic() - began
+                await asyncio.sleep(3)
+                stop.set()
+                return asked, ended, now
+            await asyncio.sleep(0.1)
+
+    (asked, ended, now), *_ = await asyncio.gather(
+        change(), *(worker(w) for w in range(options.clients))
+    )
+    end = time.monotonic() - began
+    await relay.close()
+    metrics = (await admin.get(f"{joining}/metrics")).text
+    status = (await admin.get(f"{joining}/internal/kv/status")).json()
+    await admin.aclose()
+    pulled = sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith('relay_kv_sync_keys_total{way="pulled"}')
+    )
+
+    def rate(start: float, stop_t: float) -> float:
+        return sum(1 for t, ok in done if ok and start <= t < stop_t) / max(stop_t - start, 1e-9)
+
+    before, during, after = rate(1.0, asked), rate(asked, ended), rate(ended, end)
+    return {
+        "join_s": round(ended - asked, 2),
+        "join_writes_per_s_before": round(before),
+        "join_writes_per_s_during": round(during),
+        "join_writes_per_s_after": round(after),
+        "join_during_ratio": round(during / before, 3) if before else None,
+        "join_errors": sum(1 for _, ok in done if not ok),
+        "join_keys_pulled": int(pulled),
+        "join_view_version": now["version"],
+        "join_view_sites": len(now["sites"]),
+        "join_new_site_sees_sites": len(status["sites"]),
+    }
+
+
+def join_phase(
+    relay: kv_bench.Relay, keys: list[str], options: Any, value: bytes
+) -> dict[str, Any]:
+    process, url = start_joining(relay)
+    try:
+        return asyncio.run(join_run(relay, keys, options, value, url))
+    finally:
+        process.terminate()
+        try:
+            process.wait(15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keys", type=int, default=20_000)
@@ -311,9 +440,13 @@ def main() -> None:
     parser.add_argument("--rest-seconds", type=float, default=30)
     parser.add_argument("--restart-keys", type=int, default=1_000_000)
     parser.add_argument("--value-bytes", type=int, default=256)
+    parser.add_argument("--join-before-s", type=float, default=5)
     parser.add_argument("--work", type=Path, help="keep the suite's data and logs here")
     parser.add_argument(
-        "--skip", action="append", default=[], choices=["kill", "diverge", "rest", "restart"]
+        "--skip",
+        action="append",
+        default=[],
+        choices=["kill", "diverge", "rest", "restart", "join"],
     )
     options = parser.parse_args()
     value = os.urandom(options.value_bytes)
@@ -333,6 +466,9 @@ def main() -> None:
                 summary.update(rest_phase(relay, options))
             if "restart" not in options.skip:
                 summary.update(restart_phase(relay, options, value))
+            if "join" not in options.skip:  # last: the others expect three replicators
+                wait_all_ready(relay.data_dir)
+                summary.update(join_phase(relay, keys, options, value))
         finally:
             relay.stop()
     report.emit(summary)

@@ -207,6 +207,25 @@ class Cluster:
             self.root / f"replicator-{name}.log",
         )
 
+    def add(self, name: str) -> Replicator:
+        """Start one more replicator (a site that is to join): a link to and from each other,
+        its list naming every replicator; the others' lists name it only once they restart
+        (until then they reach it by the URL it announces)."""
+        assert self._loop is not None
+        others = self.names
+        self.names = (*others, name)
+        self.replicators[name] = Replicator(name, helpers.free_port(), self.root / name)
+        for other in others:
+            for a, b in ((name, other), (other, name)):
+                link = Link(self._loop, self.replicators[b].port)
+                asyncio.run_coroutine_threadsafe(link.start(), self._loop).result(5)
+                self.links[(a, b)] = link
+        self._start_replicator(name)
+        added = self.replicators[name]
+        self.wait_ready(added.url, added.process)
+        added.site = added.get("/internal/kv/site")["site"]
+        return added
+
     def wait_ready(
         self, url: str, process: subprocess.Popen[str] | None, budget: float = 60
     ) -> None:

@@ -143,3 +143,72 @@ def test_a_change_must_be_newer_and_change_something() -> None:
         membership.Change.start(old, reversed(SITES[:3]), 6)
     with pytest.raises(membership.BadChange, match="at least one site"):
         membership.Change.start(old, [], 6)
+
+
+def test_a_target_is_refused_for_unknown_sites_or_too_few() -> None:
+    view = View(1, tuple(SITES[:2]))
+    known = set(SITES[:3])
+    assert membership.check_target(view, [SITES[2], SITES[0], SITES[1]], known, 3) == tuple(
+        sorted(SITES[:3])
+    )
+    with pytest.raises(membership.UnknownSites, match=SITES[4]):
+        membership.check_target(view, [SITES[0], SITES[4]], known, 1)
+    with pytest.raises(membership.TooFewSites):
+        membership.check_target(view, [SITES[0]], known, 2)
+    with pytest.raises(membership.TooFewSites):
+        membership.check_target(view, [], known, 0)
+
+
+def test_the_steps_need_every_participant() -> None:
+    change = membership.Change.start(View(1, tuple(SITES[:2])), SITES[:3], 2)
+    everyone = SITES[:3]
+    reports = {SITES[0]: membership.Report.INSTALLED, SITES[1]: membership.Report.PULLED}
+    assert not membership.may_pull(reports, everyone)
+    reports[SITES[2]] = membership.Report.INSTALLED
+    assert membership.may_pull(reports, everyone)
+    assert not membership.may_read_new(change, reports)
+    reports[SITES[0]] = reports[SITES[2]] = membership.Report.PULLED
+    assert membership.may_read_new(change, reports)
+    assert not membership.all_read_new(reports, everyone)
+    reports = dict.fromkeys(everyone[:2], membership.Report.READING_NEW)
+    reports[SITES[2]] = membership.Report.DONE
+    assert membership.all_read_new(reports, everyone)
+
+
+@given(st.integers(1, 7))
+def test_a_pull_quorum_meets_every_default_write_quorum(home: int) -> None:
+    assert membership.pull_quorum(home) + (home // 2 + 1) > home
+    assert 1 <= membership.pull_quorum(home) <= home
+
+
+@given(changes())
+def test_a_change_survives_its_encoding(change: membership.Change) -> None:
+    assert membership.decode_change(membership.encode_change(change)) == change
+    moved = change.reading_new()
+    assert membership.decode_change(membership.encode_change(moved)) == moved
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 5), st.integers(0, 65_535), st.data())
+def test_majorities_per_view_meet_in_each_view(
+    old_count: int, shard: int, data: st.DataObject
+) -> None:
+    """Relay's own namespaces (N = 7, quorums a majority of the home set): a joint write
+    acknowledged by a majority of each view meets every majority read of either view."""
+    old = SITES[:old_count]
+    new = SITES[: old_count + 1] if data.draw(st.booleans()) or old_count == 1 else old[1:]
+    change = membership.Change.start(View(1, tuple(old)), new, 2)
+    joint = change.replicas(shard, 7)
+    w_old, w_new = membership.majorities(joint)
+    plan = membership.plan_write(joint, set(SITES), w_old, w_new)
+    round_ = membership.JointWriteRound(joint, plan.targets, w_old, w_new)
+    acked: set[str] = set()
+    for site in data.draw(st.permutations(plan.targets)):
+        round_.ack(site)
+        acked.add(site)
+        if round_.decided is quorum.Outcome.OK:
+            break
+    assert round_.decided is quorum.Outcome.OK
+    for home, r in ((joint.old.home, w_old), (joint.new.home, w_new)):
+        for read in itertools.combinations(home, r):
+            assert acked & set(read), (home, r, acked)

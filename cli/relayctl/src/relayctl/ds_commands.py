@@ -4,6 +4,8 @@ of the running suite, as EMQX's `emqx ctl ds ...` (seed 003).
 `ds info` prints THIS SITE (the site of the retainer owning partition 0), SITES and SHARDS
 exactly as `relay_ds.info.render_info` lays them out, from the merged view of every retainer
 (`GET /ds/info`, read back as the `relay_ds.info.DsInfo` the ingress answered with).
+`set-replicas`, `join` and `leave` of the storage `kv` change the replicators' membership
+(decision 0011, "Membership changes").
 """
 
 from __future__ import annotations
@@ -20,7 +22,12 @@ from relayctl import calls
 app = typer.Typer(help="Durable storage: sites and replica sets.", no_args_is_help=True)
 
 DataDir = Annotated[Path, typer.Option("--data-dir", help="Where the suite keeps its data.")]
-Storage = Annotated[str, typer.Argument(help="The durable storage (database), e.g. messages.")]
+Storage = Annotated[
+    str,
+    typer.Argument(
+        help="The durable storage (database), e.g. messages; kv: the replicators' membership."
+    ),
+]
 Site = Annotated[str, typer.Argument(help="A site id (16 hex digits).")]
 TIMEOUT_S = 30.0
 

@@ -458,7 +458,11 @@ class KvRequest(_Request):
         "field_delete",
         "list_fields",
         "ns_put",
+        "view",
+        "view_change",
     ]
+    """`view` and `view_change` (admin): the replicators' membership and a change of it
+    (`sites`), for `/ds/storages/kv`."""
     ns: str
     key: str = ""
     field: str = ""
@@ -478,6 +482,8 @@ class KvRequest(_Request):
     """Set by the ingress once the admin token was checked (ns_put)."""
     n: int | None = Field(None, ge=1)
     gc_grace_s: int | None = Field(None, ge=0)
+    sites: tuple[str, ...] = ()
+    """The replicator sites a membership change is to end with (view_change)."""
 
 
 class KvReply(_Record):

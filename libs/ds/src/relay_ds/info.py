@@ -57,6 +57,33 @@ class Storage:
 
 
 @dataclass(frozen=True)
+class KvChange:
+    """A membership change of the replicators under way (storage `kv`)."""
+
+    version: int
+    """The version the new view will have."""
+    sites: list[SiteId]
+    """The sites of the new view."""
+    reports: dict[str, str]
+    """How far each site taking part is: `installed`, `pulled`, `reading_new`, `done`."""
+
+
+@dataclass(frozen=True)
+class KvStorage:
+    """The storage `kv` (the replicators' key-value data) as `GET /ds/storages/kv` shows it:
+    `Storage`'s fields, its 65,536 fixed shards summarised as one entry (id `"0-65535"`, every
+    site of the view as its replicas, each placed by rendezvous hashing per key's N; sites
+    joining or leaving as `transitions`), plus the view's `version` and `sites` and the change
+    under way."""
+
+    name: str
+    shards: list[Shard]
+    version: int
+    sites: list[SiteId]
+    change: KvChange | None = None
+
+
+@dataclass(frozen=True)
 class SiteShard:
     """A shard a site holds (`status`) or is to hold or let go (`transition`); both while it
     is leaving."""

@@ -48,6 +48,27 @@ class BadChange(ValueError):
     """A change that cannot be started (not newer, no site, nothing changes)."""
 
 
+class UnknownSites(BadChange):
+    """Sites asked for that no replicator has (yet) announced."""
+
+
+class TooFewSites(BadChange):
+    """Fewer sites than the largest N of a namespace."""
+
+
+class Report(enum.IntEnum):
+    """How far one site is in a change, as it tells the others (only ever grows)."""
+
+    INSTALLED = 1
+    """It holds the change: its coordinator dual-writes."""
+    PULLED = 2
+    """It pulled every shard it enters (none for a site that enters none)."""
+    READING_NEW = 3
+    """Its coordinator reads the new home replicas."""
+    DONE = 4
+    """It finished the change: its view is the new one."""
+
+
 @dataclass(frozen=True)
 class Joint:
     """A shard's replica sets in both views."""
@@ -112,18 +133,96 @@ class Change:
         return replace(self, step=Step.READING_NEW)
 
 
+def check_target(
+    view: View, sites: Iterable[str], known: Collection[str], max_n: int
+) -> tuple[str, ...]:
+    """The sites a change is to end with, checked: each known (`UnknownSites`), at least one
+    and at least `max_n` (the largest N of a namespace: `TooFewSites`)."""
+    wanted = tuple(sorted(set(sites)))
+    unknown = [s for s in wanted if s not in known and s not in view.sites]
+    if unknown:
+        raise UnknownSites(f"unknown replicator sites: {', '.join(unknown)}")
+    if len(wanted) < max(max_n, 1):
+        raise TooFewSites(
+            f"{len(wanted)} sites, but a namespace has n={max_n}: at least {max(max_n, 1)} needed"
+        )
+    return wanted
+
+
+def may_pull(reports: Mapping[str, Report], participants: Iterable[str]) -> bool:
+    """Every participant holds the change (so every coordinator dual-writes from now on)."""
+    return all(reports.get(s, 0) >= Report.INSTALLED for s in participants)
+
+
+def may_read_new(change: Change, reports: Mapping[str, Report]) -> bool:
+    """Every site of the new view pulled its incoming shards (`Change.pulled_all`, as each
+    site reports it)."""
+    return all(reports.get(s, 0) >= Report.PULLED for s in change.new.sites)
+
+
+def all_read_new(reports: Mapping[str, Report], participants: Iterable[str]) -> bool:
+    """Every participant reads the new set: the old one may be dropped (`finished`)."""
+    return all(reports.get(s, 0) >= Report.READING_NEW for s in participants)
+
+
+def majorities(joint: Joint) -> tuple[int, int]:
+    """A majority of each view's home set (old, new): the R and W of a namespace whose quorums
+    are majorities of the home replicas that exist (Relay's own), kept per view during a change
+    so that R + W > the home set's size in each (one number for both would not be: with home
+    sets of 3 and 4, 2 is a majority of the first only)."""
+    return len(joint.old.home) // 2 + 1, len(joint.new.home) // 2 + 1
+
+
+def pull_quorum(home: int) -> int:
+    """How many of a shard's `home` old replicas a pull must merge: a read quorum against the
+    default W (a majority), R = home - W + 1."""
+    return max(1, home - (home // 2 + 1) + 1)
+
+
+def encode_view(view: View) -> dict[str, object]:
+    return {"version": view.version, "sites": list(view.sites)}
+
+
+def decode_view(raw: Mapping[str, object]) -> View:
+    version, sites = raw["version"], raw["sites"]
+    if not isinstance(version, int) or not isinstance(sites, list):
+        raise ValueError(f"not a view: {raw!r}")
+    return View(version, tuple(sorted(str(s) for s in sites)))
+
+
+def encode_change(change: Change) -> dict[str, object]:
+    return {
+        "old": encode_view(change.old),
+        "new": encode_view(change.new),
+        "step": change.step.value,
+    }
+
+
+def decode_change(raw: Mapping[str, object]) -> Change:
+    old, new, step = raw["old"], raw["new"], raw.get("step", Step.PULLING.value)
+    if not isinstance(old, Mapping) or not isinstance(new, Mapping):
+        raise ValueError(f"not a change: {raw!r}")
+    change = Change(decode_view(old), decode_view(new), Step(step))
+    if change.new.version <= change.old.version:
+        raise ValueError(f"not a change: {raw!r}")
+    return change
+
+
 def finished(steps: Mapping[str, Step], sites: Iterable[str]) -> bool:
     """Whether every site (each coordinator of the new view) reads the new set: only then may
     writes stop going to the old one."""
     return all(steps.get(site) is Step.READING_NEW for site in sites)
 
 
-def plan_write(joint: Joint, reachable: Collection[str], w: int) -> quorum.WritePlan:
+def plan_write(
+    joint: Joint, reachable: Collection[str], w: int, w_new: int | None = None
+) -> quorum.WritePlan:
     """Where a write goes during a change: every reachable home replica of both views, once
-    each view has W of them (`quorum.Unavailable` otherwise); hints for the unreachable ones on
+    each view has W of them (`w_new` for the new view when its W differs: a majority of home
+    sets of different sizes); `quorum.Unavailable` otherwise; hints for the unreachable ones on
     the old view's first reachable fallback that is not itself a target."""
     old = quorum.plan_write(joint.old, reachable, w)
-    new = quorum.plan_write(joint.new, reachable, w)
+    new = quorum.plan_write(joint.new, reachable, w if w_new is None else w_new)
     targets = old.targets + tuple(s for s in new.targets if s not in old.targets)
     helper = next(
         (s for s in joint.old.fallback if s in reachable and s not in targets),
@@ -149,6 +248,8 @@ class JointWriteRound:
     joint: Joint
     targets: tuple[str, ...]
     w: int
+    w_new: int | None = None
+    """The new view's W when it differs from the old's (`plan_write`)."""
     old: quorum.WriteRound = field(init=False)
     new: quorum.WriteRound = field(init=False)
 
@@ -157,7 +258,8 @@ class JointWriteRound:
             tuple(s for s in self.targets if s in self.joint.old.home), self.w
         )
         self.new = quorum.WriteRound(
-            tuple(s for s in self.targets if s in self.joint.new.home), self.w
+            tuple(s for s in self.targets if s in self.joint.new.home),
+            self.w if self.w_new is None else self.w_new,
         )
 
     def ack(self, site: str) -> None:

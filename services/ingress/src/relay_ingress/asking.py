@@ -247,7 +247,7 @@ async def every_retainer(
     return ordered
 
 
-KV_READS = frozenset({"get", "list_members", "field_get", "list_fields"})
+KV_READS = frozenset({"get", "list_members", "field_get", "list_fields", "view"})
 
 
 async def replicator(ctx: Context, shard: int, **fields: Any) -> schemas.KvReply:

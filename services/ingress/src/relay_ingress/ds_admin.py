@@ -20,7 +20,9 @@ Invariants:
   as `peers`), and it is answered 202 "OK" once every partition's owner has applied it. A
   retainer that misses it reads the record at its next start or poll
   (`relay_retainer.ds_targets`);
-- a forget goes to every retainer and is answered 204 once every partition's owner applied it.
+- a forget goes to every retainer and is answered 204 once every partition's owner applied it;
+- the storage `kv` is the replicators' (`relay_ingress.kv_storage`): its replica set is their
+  membership, never a retainer's.
 """
 
 from __future__ import annotations
@@ -35,10 +37,10 @@ from pydantic import TypeAdapter
 
 from relay_ds import sites, targets, tokens
 from relay_ds.errors import Refused, Unknown
-from relay_ds.info import Description, DsInfo, Site, Storage
+from relay_ds.info import Description, DsInfo, KvStorage, Site, Storage
 from relay_ds.view import View
 from relay_durable import codec
-from relay_ingress import asking
+from relay_ingress import asking, kv_storage
 from relay_ingress.admin import Admin
 from relay_ingress.context import Context, Ctx
 from relay_ingress.errors import ApiError, documented
@@ -150,11 +152,14 @@ async def list_storages(ctx: Ctx, _: Admin) -> list[str]:
 
 @router.get(
     "/storages/{ds}",
-    response_model=Storage,
+    response_model=Storage | KvStorage,
     response_model_exclude_defaults=True,
     responses=documented(400, 404),
 )
-async def get_storage(ctx: Ctx, _: Admin, ds: DsPath) -> Storage:
+async def get_storage(ctx: Ctx, _: Admin, ds: DsPath) -> Storage | KvStorage:
+    """A storage's shards and replica sets; for `kv` (the replicators) one summary shard."""
+    if ds == kv_storage.NAME:
+        return await kv_storage.storage(ctx)
     view = await _view(ctx, [ds])
     with _refusals():
         return view.storage(ds)
@@ -163,7 +168,9 @@ async def get_storage(ctx: Ctx, _: Admin, ds: DsPath) -> Storage:
 @router.get("/storages/{ds}/replicas", response_model=list[str], responses=documented(400, 404))
 async def get_replicas(ctx: Ctx, _: Admin, ds: DsPath) -> list[sites.SiteId]:
     """The sites the storage's replica set names: its record's (the union over retainers
-    while it has none)."""
+    while it has none); for `kv`, the replicators' view (the new one during a change)."""
+    if ds == kv_storage.NAME:
+        return await kv_storage.replicas(ctx)
     view = await _view(ctx, [ds])
     with _refusals():
         return view.replicas(ds)
@@ -173,7 +180,11 @@ async def get_replicas(ctx: Ctx, _: Admin, ds: DsPath) -> list[sites.SiteId]:
     "/storages/{ds}/replicas", status_code=202, response_model=str, responses=documented(400, 404)
 )
 async def set_replicas(ctx: Ctx, _: Admin, ds: DsPath, body: Annotated[list[str], Body()]) -> str:
-    """Set the replica set (a list of known sites, not empty, no site twice)."""
+    """Set the replica set (a list of known sites, not empty, no site twice); for `kv`, start
+    a membership change of the replicators."""
+    if ds == kv_storage.NAME:
+        await kv_storage.set_replicas(ctx, body)
+        return OK
     with _refusals():
         wanted = sites.parse_target(body)
     view = await _view(ctx, [ds])
@@ -191,6 +202,9 @@ async def set_replicas(ctx: Ctx, _: Admin, ds: DsPath, body: Annotated[list[str]
 )
 async def join(ctx: Ctx, _: Admin, ds: DsPath, site: SitePath) -> str:
     """Add a site to the replica set."""
+    if ds == kv_storage.NAME:
+        await kv_storage.join(ctx, site)
+        return OK
     view = await _view(ctx, [ds])
     with _refusals():
         wanted = view.joining(ds, site)
@@ -208,6 +222,9 @@ async def join(ctx: Ctx, _: Admin, ds: DsPath, site: SitePath) -> str:
 )
 async def leave(ctx: Ctx, _: Admin, ds: DsPath, site: SitePath) -> str:
     """Remove a site from the replica set (404 if it is not in it)."""
+    if ds == kv_storage.NAME:
+        await kv_storage.leave(ctx, site)
+        return OK
     with _refusals():
         wanted = sites.parse_site(site)
     view = await _view(ctx, [ds])

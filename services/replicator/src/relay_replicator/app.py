@@ -1,9 +1,9 @@
 """Replicator: keeps replicated key-value data (`/v1/kv`) across sites (seed 004).
 
 Wiring only: settings, the store, the peers, the coordinator consuming `relay.replication` in
-the consumer group `relay.replicator`, the replica's internal HTTP routes, hinted handoff and
-anti-entropy loops, probe routes. The rules live in `relay_kv`; decision 0011 records the
-transport, storage and clock choices.
+the consumer group `relay.replicator`, the replica's internal HTTP routes, hinted handoff,
+anti-entropy and membership-change loops, probe routes. The rules live in `relay_kv`; decision
+0011 records the transport, storage, clock and membership choices.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from relay_bus.lifecycle import BusLifecycle
 from relay_kv import hints
 from relay_kv.clock import HybridClock
 from relay_replicator import replica, routes
+from relay_replicator.changes import Changes
 from relay_replicator.coordinator import Coordinator, CoordinatorSettings, Replicas
 from relay_replicator.handoff import Handoff
 from relay_replicator.peers import Peers
@@ -113,6 +114,8 @@ def build(config: ReplicatorSettings) -> tuple[FastAPI, BusLifecycle]:
     )
     handoff = Handoff(replicas, _now_ms, kv.handoff_interval_s)
     sync = Sync(replicas, _now_ms, kv.sync_interval_s, gc_guard=kv.gc_guard)
+    changes = Changes(peers, sync, store, kv.replica_timeout_s)
+    coordinator.view_ops = changes.handle
 
     async def handle(received: Received) -> None:
         if isinstance(received.record, schemas.KvRequest):
@@ -130,9 +133,11 @@ def build(config: ReplicatorSettings) -> tuple[FastAPI, BusLifecycle]:
         peers.start()
         handoff.start()
         sync.start()
+        changes.start()
 
     async def close_store() -> None:
         readiness.set("store", False)
+        await changes.stop()
         await handoff.stop()
         await sync.stop()
         await replicas.close()
@@ -143,7 +148,7 @@ def build(config: ReplicatorSettings) -> tuple[FastAPI, BusLifecycle]:
         title="Relay replicator",
         routes=[
             *probe_routes(readiness),
-            *routes.internal(site, peers, store, sync, consumer.held, coordinator, token),
+            *routes.internal(site, peers, store, sync, consumer.held, coordinator, changes, token),
         ],
     )
     app.state.kv = (store, coordinator, handoff, sync)

@@ -14,6 +14,12 @@ Any replicator coordinates the requests of the partitions it consumes (consumer 
   whose clock is behind).
 - Reads: from every reachable home replica, answered after R, merged; stale replicas among the
   R are repaired before the answer (blocking read repair), late answers in the background.
+- During a membership change (`Peers.change`, driven by `relay_replicator.changes`), writes and
+  reads are planned by `relay_kv.membership`: writes to the home replicas of both views, OK once
+  W of each acknowledged; reads from the old home replicas until this site moved to the new
+  (and what such a read answers is written to the shard's new home replicas before the answer,
+  so a later read of the new set cannot go back from it).
+  The admin's `view` and `view_change` requests go to `view_ops` (`Changes.handle`).
 - Sets (and whole-key deletes of sets and maps) are read-modify-write: the add's dot and the
   remove's observed dots come from a quorum read. Such operations on one key are serialised in
   this process (a lock per key): two concurrent adds stamped by one site must not both build on
@@ -31,7 +37,7 @@ import contextlib
 import json
 import secrets
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,7 +51,7 @@ from relay_bus.once import OncePerId
 from relay_durable import codec as b64
 from relay_durable.outcome import Outcome
 from relay_kv import codec as kv_codec
-from relay_kv import crdt, names, ops, placement, quorum
+from relay_kv import crdt, membership, names, ops, placement, quorum
 from relay_kv.clock import HybridClock, Version
 from relay_replicator.peer_calls import PeerCalls
 from relay_replicator.peers import PeerError, Peers
@@ -69,6 +75,9 @@ NS_N = names.MAX_N
 seven) keeps every definition, so each can read a namespace's `gc_grace` locally."""
 NS_CACHE_S = 2.0
 MAX_RESENDS = 3
+ADMISSION_WAITS = 40
+"""How many 50 ms waits a request gets for this site to be admitted to a change it holds
+(`Peers.admitted`: a round or two of reports) before it is refused."""
 
 
 class Refusal(Exception):
@@ -155,6 +164,8 @@ class Coordinator:
         self._namespaces: dict[str, tuple[names.Namespace, float]] = {}
         self._lookups: dict[str, asyncio.Future[names.Namespace]] = {}
         self._background: set[asyncio.Task[Any]] = set()
+        self.view_ops: Callable[[schemas.KvRequest], Awaitable[Outcome]] | None = None
+        """Runs the admin's `view` and `view_change` requests (`relay_replicator.changes`)."""
 
     # -- the consumer's side ---------------------------------------------------------------
 
@@ -214,8 +225,18 @@ class Coordinator:
     async def _run(self, request: schemas.KvRequest) -> Outcome:
         if not self.peers.resolved:
             raise Refusal(503, "UNAVAILABLE", "the replicator does not know every peer yet")
+        for _ in range(ADMISSION_WAITS):
+            if self.peers.admitted:
+                break
+            await asyncio.sleep(0.05)
+        else:
+            raise Refusal(503, "UNAVAILABLE", "the replicator is joining a membership change")
         if request.op == "ns_put":
             return await self._ns_put(request)
+        if request.op in ("view", "view_change"):
+            if self.view_ops is None:
+                raise Refusal(503, "UNAVAILABLE", "membership changes are not wired here")
+            return await self.view_ops(request)
         namespace = await self._authorized(request)
         r, w = namespace.quorum(request.r, request.w)
         names.check_key(request.key)
@@ -234,7 +255,7 @@ class Coordinator:
         return await handlers[request.op](request, target, r, w)
 
     async def _authorized(self, request: schemas.KvRequest) -> names.Namespace:
-        system = names.system_namespace(request.ns, len(self.peers.view.sites))
+        system = names.system_namespace(request.ns, self.peers.site_count)
         if system is not None:
             if not request.admin:
                 raise Refusal(403, "FORBIDDEN", f"{request.ns} is for Relay's own services")
@@ -267,7 +288,7 @@ class Coordinator:
         return _Target(NS_N, names.NAMESPACES, namespace)
 
     def _ns_quorum(self) -> int:
-        return min(NS_N, len(self.peers.view.sites)) // 2 + 1
+        return min(NS_N, self.peers.site_count) // 2 + 1
 
     async def _ns_put(self, request: schemas.KvRequest) -> Outcome:
         if not request.admin:
@@ -276,8 +297,8 @@ class Coordinator:
         target = self._ns_target(request.ns)
         existing = await self._read(target, self._ns_quorum())
         n = request.n or 3
-        if n > len(self.peers.view.sites):
-            raise _bad(f"n={n} but only {len(self.peers.view.sites)} replicator sites exist")
+        if n > self.peers.site_count:
+            raise _bad(f"n={n} but only {self.peers.site_count} replicator sites exist")
         if isinstance(existing, crdt.Register) and existing.value is not None:
             old = names.Namespace.decode(existing.value)
             if old.n != n:
@@ -489,9 +510,23 @@ class Coordinator:
     async def _write(
         self, target: _Target, value: crdt.Value, w: int
     ) -> tuple[quorum.Outcome, list[dict[str, Any]]]:
-        home = self.peers.view.replicas(target.shard, target.n)
-        plan = quorum.plan_write(home, self.peers.reachable(), w)
-        round_ = quorum.WriteRound(plan.targets, w)
+        change = self.peers.change
+        round_: quorum.WriteRound | membership.JointWriteRound
+        if change is None:
+            home = self.peers.view.replicas(target.shard, target.n)
+            plan = quorum.plan_write(home, self.peers.reachable(), w)
+            round_ = quorum.WriteRound(plan.targets, w)
+        else:
+            joint = change.replicas(target.shard, target.n)
+            w_new = None
+            if target.majorities:
+                w, w_new = membership.majorities(joint)
+            plan = membership.plan_write(joint, self.peers.reachable(), w, w_new)
+            round_ = membership.JointWriteRound(joint, plan.targets, w, w_new)
+            # Hints for either set's home replicas, on an old fallback that is no target.
+            home = placement.Replicas(
+                joint.home, tuple(s for s in joint.old.fallback if s not in joint.home)
+            )
         decided = asyncio.Event()
         results: list[dict[str, Any]] = []
         item = [(target.n, target.namespace, target.key, value)]
@@ -539,8 +574,16 @@ class Coordinator:
             log.info("kv_hint_not_stored", target=site, helper=helper, error=str(error))
 
     async def _read(self, target: _Target, r: int) -> crdt.Value | None:
-        home = self.peers.view.replicas(target.shard, target.n)
-        targets = quorum.plan_read(home, self.peers.reachable(), r)
+        change = self.peers.change
+        if change is None:
+            home = self.peers.view.replicas(target.shard, target.n)
+            targets = quorum.plan_read(home, self.peers.reachable(), r)
+        else:
+            joint = change.replicas(target.shard, target.n)
+            if target.majorities:
+                r_old, r_new = membership.majorities(joint)
+                r = r_new if change.step is membership.Step.READING_NEW else r_old
+            targets = membership.plan_read(joint, self.peers.reachable(), r, change.step)
         round_ = quorum.ReadRound(targets, r)
         decided = asyncio.Event()
         item = [(target.n, target.namespace, target.key)]
@@ -574,6 +617,18 @@ class Coordinator:
                 _REPAIRS.labels("blocking").inc(len(stale))
                 await asyncio.gather(
                     *(self._repair(site, target, merged) for site in stale),
+                    return_exceptions=True,
+                )
+        if change is not None and change.step is membership.Step.PULLING and merged is not None:
+            # What a read returned must stay visible once reads move to the new home replicas
+            # (a value in flight, not acknowledged, may be on the old ones only): it is written
+            # to the reachable new ones too before the answer.
+            joint = change.replicas(target.shard, target.n)
+            reachable = self.peers.reachable()
+            extra = [s for s in joint.new.home if s not in joint.old.home and s in reachable]
+            if extra:
+                await asyncio.gather(
+                    *(self._repair(site, target, merged) for site in extra),
                     return_exceptions=True,
                 )
         late = [task for task in asks if not task.done()]
@@ -612,6 +667,12 @@ class _Target:
     @property
     def shard(self) -> int:
         return placement.shard_of(self.namespace, self.key)
+
+    @property
+    def majorities(self) -> bool:
+        """Relay's own namespaces: R and W are a majority of the home replicas that exist (per
+        view during a membership change), not a namespace definition's."""
+        return self.namespace == names.NAMESPACES or self.namespace in names.SYSTEM
 
 
 def _check_type(current: crdt.Value | None, wanted: type[crdt.Value], now_ms: int) -> None:

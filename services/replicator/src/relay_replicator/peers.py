@@ -1,23 +1,32 @@
 """The other replicators: who they are (site ids learned from their URLs), whether they answer,
-and the HTTP calls to them.
+the HTTP calls to them, and the membership view with the change under way, if any.
 
-Membership: `RELAY_KV__PEERS` lists every replicator's URL (this one's may be among them). Each
-URL is asked for its site id (`GET /internal/kv/site`) until all have answered; the sites found
-are kept in `<data dir>/kv/members.json`, so a restart is ready at once even while a peer is
-down. The view (`relay_kv.placement.View`) is every site, this one included.
+Membership: `RELAY_KV__PEERS` lists replicators' URLs (this one's may be among them). Each URL is
+asked for its site id (`GET /internal/kv/site`). A replicator with no `members.json` yet asks
+every peer it found for its membership (`GET /internal/kv/members`): if one has a view already,
+it takes the newest (it is joining a running cluster: a candidate until a change adds it);
+otherwise (a new cluster) the view is every site found, at version 1. A replicator that has a
+view asks the peers at start too and takes a newer view or change than its own (one finished
+while it was down). It then tells every peer its URL (`POST /internal/kv/announce`), so the
+ones whose list lacks it learn it. Everything is kept in `<data dir>/kv/members.json` (the view,
+the URL of every site heard of, the change under way with this site's report and the shards it
+pulled), written atomically, so a restart resumes a change where it was.
 
 Failure detection is passive: a call that fails (refused, timed out, 5xx) marks the site down for
 `down_s`; while down it is not reachable, so quorums plan without it (UNAVAILABLE rather than a
 wasted wait, hints for it) and the hint replayer probes it. A call that succeeds marks it up.
 
 Invariants: every call has a timeout (`timeout_s`); a peer's error never escapes as anything but
-`PeerError`; the readiness condition `members` is true once every peer's site id is known.
+`PeerError`; the readiness condition `members` is true once there is a view and the URL of every
+site of it (and of the change under way) is known; the view's version only grows.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -25,6 +34,8 @@ from typing import Any
 import httpx
 import structlog
 
+from relay_kv import membership
+from relay_kv.membership import Change, Report
 from relay_kv.placement import View
 from relay_runtime.readiness import Readiness
 
@@ -55,25 +66,82 @@ class Peers:
         self.members_file = members_file
         self.readiness = readiness
         self.sites: dict[str, str] = {}
-        """site -> URL, every other replicator."""
+        """site -> URL, every other replicator heard of (members, candidates)."""
         self.view = View(1, (me,))
+        """The view in force: while a change is under way, its old view."""
+        self.established = False
+        """Whether `view` is the cluster's (found, made or loaded), not this site's guess."""
+        self.change: Change | None = None
+        self.participants: tuple[str, ...] = ()
+        """Every site that must report each step of `change`."""
+        self.reports: dict[str, Report] = {}
+        """How far each participant is in `change`, as last heard (this site's own is kept)."""
+        self.pulled: dict[int, set[int]] = {}
+        """n -> the shards this site pulled for `change` (kept, so a restart does not redo
+        them)."""
+        self.url: str | None = None
+        """This replicator's own URL, once one of the list turned out to be it."""
         self._down_until: dict[str, float] = {}
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.client = httpx.AsyncClient(headers=headers, timeout=timeout_s)
         self._resolver: asyncio.Task[None] | None = None
         self._self_urls: set[str] = set()
         """URLs of the list that turned out to be this replicator."""
+        self._announced: set[str] = set()
         readiness.register("members")
 
     # -- membership --------------------------------------------------------------------------
 
     def start(self) -> None:
         if self.members_file.exists():
-            known = json.loads(self.members_file.read_text())
-            by_url = {url: site for site, url in known.get("sites", {}).items()}
-            self.sites = {by_url[u]: u for u in self.urls if u in by_url and by_url[u] != self.me}
-        self._update_view()
+            self._load(json.loads(self.members_file.read_text()))
+        self._update_readiness()
         self._resolver = asyncio.create_task(self._resolve(), name="kv-members")
+
+    def _load(self, known: dict[str, Any]) -> None:
+        urls = {str(k): str(v) for k, v in known.get("sites", {}).items()}
+        if known.get("v", 1) == 1:  # the static membership's file: every site of the list
+            by_url = {url: site for site, url in urls.items()}
+            self.sites = {by_url[u]: u for u in self.urls if u in by_url and by_url[u] != self.me}
+            self.view = View(1, tuple(sorted({self.me, *self.sites})))
+        else:
+            self.sites = {s: u for s, u in urls.items() if s != self.me}
+            self.view = membership.decode_view(known["view"])
+            if known.get("change") is not None:
+                self.change = membership.decode_change(known["change"])
+                self.participants = tuple(known.get("participants", ()))
+                self.reports = {self.me: Report(int(known.get("report", Report.INSTALLED)))}
+                self.pulled = {int(n): set(s) for n, s in known.get("pulled", {}).items()}
+        self.url = known.get("url") or None
+        self.established = True
+
+    def save(self) -> None:
+        """Write the membership (atomically: a temporary file, fsynced, renamed)."""
+        state: dict[str, Any] = {
+            "v": 2,
+            "view": membership.encode_view(self.view),
+            "sites": dict(sorted(self.sites.items())),
+            "url": self.url,
+            "change": None,
+        }
+        if self.change is not None:
+            state.update(
+                change=membership.encode_change(self.change),
+                participants=list(self.participants),
+                report=int(self.reports.get(self.me, Report.INSTALLED)),
+                pulled={str(n): sorted(s) for n, s in self.pulled.items()},
+            )
+        temporary = self.members_file.with_suffix(".tmp")
+        with temporary.open("w") as out:
+            json.dump(state, out, sort_keys=True)
+            out.flush()
+            os.fsync(out.fileno())
+        temporary.replace(self.members_file)
+        directory = os.open(self.members_file.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
 
     async def stop(self) -> None:
         if self._resolver is not None:
@@ -83,14 +151,32 @@ class Peers:
 
     @property
     def resolved(self) -> bool:
-        """Every peer's site id is known (placement is the same everywhere)."""
-        return not self._unresolved()
+        """There is a view and every site of it (and of the change) can be reached by URL
+        (placement is the same everywhere)."""
+        return self.established and all(
+            s == self.me or s in self.sites for s in (*self.view.sites, *self.participants)
+        )
+
+    @property
+    def admitted(self) -> bool:
+        """No change is held, or this site takes part in it (every participant counts it, so
+        none finishes without it): only then may it coordinate."""
+        return self.change is None or self.me in self.participants
+
+    @property
+    def site_count(self) -> int:
+        """How many sites the smaller of the views has (a system namespace's quorum is a
+        majority of it, so that it can be met in both views during a change)."""
+        if self.change is None:
+            return len(self.view.sites)
+        return min(len(self.change.old.sites), len(self.change.new.sites))
 
     def _unresolved(self) -> list[str]:
         known = set(self.sites.values())
         return [u for u in self.urls if u not in known and u not in self._self_urls]
 
     async def _resolve(self) -> None:
+        caught_up = False
         while True:
             for url in self._unresolved():
                 try:
@@ -101,23 +187,131 @@ class Peers:
                     continue
                 if site == self.me:
                     self._self_urls.add(url)
+                    self.url = self.url or url
                 else:
                     self.sites[site] = url
                     log.info("kv_peer_found", site=site, url=url)
-            self._update_view()
-            if not self._unresolved():
-                self.members_file.write_text(
-                    json.dumps({"v": 1, "sites": {**self.sites}}, sort_keys=True)
-                )
-                self.readiness.set("members", True)
+            if not self.established:
+                await self._join_or_found()
+                caught_up = True
+            elif self.established and not caught_up:
+                await self._catch_up()
+                caught_up = True
+            if self.established:
+                await self._announce()
+            self._update_readiness()
+            if self.established and not self._unresolved() and self._announced >= set(self.sites):
                 return
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(0.2 if not self.resolved else 1.0)
 
-    def _update_view(self) -> None:
-        sites = tuple(sorted({self.me, *self.sites}))
-        if sites != self.view.sites:
-            self.view = View(self.view.version + 1, sites)
-        if not self._unresolved() and self.members_file.exists():
+    async def _memberships(self) -> dict[str, dict[str, Any]]:
+        """Every reachable peer's `GET /internal/kv/members`."""
+        found: dict[str, dict[str, Any]] = {}
+        for site in list(self.sites):
+            with contextlib.suppress(PeerError, KeyError, ValueError):
+                found[site] = await self.get(site, "/internal/kv/members")
+        return found
+
+    async def _join_or_found(self) -> None:
+        """No view yet: take the newest a peer has (joining a running cluster: one peer that
+        answers is enough), or found one of every site of the list once every one answered and
+        none has a view (a new cluster)."""
+        answers = await self._memberships()
+        views = [m for m in answers.values() if m.get("established")]
+        if views:
+            self.adopt(max(views, key=lambda m: int(m["view"]["version"])))
+        elif self._unresolved() or len(answers) < len(self.sites):
+            return  # a silent peer may have a view: found none until every one answers
+        else:
+            self.view = View(1, tuple(sorted({self.me, *self.sites})))
+        self.established = True
+        self.save()
+        log.info("kv_view", version=self.view.version, sites=self.view.sites, change=self.change)
+
+    async def _catch_up(self) -> None:
+        """A view loaded from disk: take a newer one (or a change) a peer has."""
+        views = [m for m in (await self._memberships()).values() if m.get("established")]
+        newest = max(views, key=lambda m: int(m["view"]["version"]), default=None)
+        if newest is None:
+            return
+        if int(newest["view"]["version"]) > self.view.version or (
+            self.change is None and newest.get("change") is not None
+        ):
+            self.adopt(newest)
+            self.save()
+            log.info("kv_view_caught_up", version=self.view.version, change=self.change)
+
+    def adopt(self, other: dict[str, Any]) -> None:
+        """Take another site's view and change (its `/internal/kv/members` answer)."""
+        for site, url in other.get("sites", {}).items():
+            if site != self.me:
+                self.sites.setdefault(str(site), str(url))
+        self.view = membership.decode_view(other["view"])
+        raw = other.get("change")
+        if raw is None:
+            self.change, self.participants, self.reports, self.pulled = None, (), {}, {}
+        else:
+            change = membership.decode_change(raw)
+            self.install(change.old, change, tuple(other.get("participants", ())), {})
+
+    def install(
+        self, old: View, change: Change, participants: tuple[str, ...], urls: dict[str, str]
+    ) -> None:
+        """Hold `change` (its step starts at PULLING here; reads move when this site moves)."""
+        for site, url in urls.items():
+            if site != self.me:
+                self.sites.setdefault(site, url)
+        self.view = old
+        self.change = Change(change.old, change.new)
+        self.participants = participants
+        self.reports = {self.me: Report.INSTALLED}
+        self.pulled = {}
+
+    def finish(self) -> None:
+        """The change is over everywhere: its new view is the view."""
+        if self.change is not None:
+            self.view = self.change.new
+        self.change, self.participants, self.reports, self.pulled = None, (), {}, {}
+
+    def report(self, site: str, report: Report) -> None:
+        if report > self.reports.get(site, 0):
+            self.reports[site] = report
+
+    async def _announce(self) -> None:
+        """Tell every peer this site's URL (those whose list lacks it learn it)."""
+        if self.url is None:
+            return
+        for site in list(self.sites):
+            if site in self._announced:
+                continue
+            with contextlib.suppress(PeerError):
+                await self.call(site, "/internal/kv/announce", {"site": self.me, "url": self.url})
+                self._announced.add(site)
+
+    def heard(self, site: str, url: str) -> None:
+        """A replicator announced itself: keep its URL, unless this site reaches it by one of
+        its own list already (the configured way wins: a proxy, a service name)."""
+        url = url.rstrip("/")
+        if site != self.me and site not in self.sites:
+            self.sites[site] = url
+            log.info("kv_peer_announced", site=site, url=url)
+            if self.established:
+                self.save()
+
+    def membership(self) -> dict[str, Any]:
+        """What `GET /internal/kv/members` answers."""
+        return {
+            "site": self.me,
+            "established": self.established,
+            "view": membership.encode_view(self.view),
+            "sites": {**self.sites, **({self.me: self.url} if self.url else {})},
+            "change": None if self.change is None else membership.encode_change(self.change),
+            "participants": list(self.participants),
+            "reports": {s: int(r) for s, r in self.reports.items()},
+        }
+
+    def _update_readiness(self) -> None:
+        if self.resolved:
             self.readiness.set("members", True)
 
     # -- health ------------------------------------------------------------------------------
@@ -161,6 +355,23 @@ class Peers:
         self.mark_up(site)
         if response.status_code >= 400:
             raise PeerError(f"{site}: refused: {response.text[:200]}")
+        return response.json()
+
+    async def get(self, site: str, path: str) -> Any:
+        """GET `site`'s `path`: its JSON answer, or `PeerError` (a failed call marks it down)."""
+        url = self.sites.get(site)
+        if url is None:
+            raise PeerError(f"unknown site {site}")
+        try:
+            response = await self.client.get(f"{url}{path}")
+        except httpx.HTTPError as error:
+            self.mark_down(site)
+            raise PeerError(f"{site}: {type(error).__name__}") from None
+        if response.status_code >= 400:
+            if response.status_code >= 500:
+                self.mark_down(site)
+            raise PeerError(f"{site}: HTTP {response.status_code}")
+        self.mark_up(site)
         return response.json()
 
     async def probe(self, site: str) -> bool:

@@ -8,7 +8,8 @@ Routes (admin bearer token when `RELAY_ADMIN_TOKEN` is set; peers use it):
 - `POST /internal/kv/read` `{"items": [{"n", "ns", "key"}]}`: the stored values, tombstones
   included (internal reads see them);
 - `POST /internal/kv/tree/groups`, `/tree/shards`, `/tree/keys`: anti-entropy
-  (`relay_replicator.sync`).
+  (`relay_replicator.sync`); `/tree/held`: per replication factor, the shards holding data
+  here (what a site joining a shard's home set pulls, `relay_replicator.changes`).
 
 Invariants: a write whose version is further ahead of this site's clock than the allowed skew is
 refused whole (409, nothing stored); an accepted version is observed by this site's clock (so
@@ -156,6 +157,10 @@ def router(replica: LocalReplica, token: str | None, sync: Any) -> APIRouter:
             int(body["n"]), str(body["peer"]), [int(g) for g in body["groups"]]
         )
         return result
+
+    @api.post("/tree/held")
+    async def held() -> dict[str, Any]:
+        return {"classes": {str(n): sorted(t.shards) for n, t in replica.store.tree.items()}}
 
     @api.post("/tree/keys")
     async def keys(body: dict[str, Any]) -> dict[str, Any]:

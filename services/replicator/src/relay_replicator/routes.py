@@ -1,10 +1,14 @@
 """The replicator's internal routes besides the replica's own (`relay_replicator.replica`):
-`GET /internal/kv/status` (what this replicator is) and `POST /internal/kv/coordinate` (one
+`GET /internal/kv/status` (what this replicator is), `POST /internal/kv/coordinate` (one
 `kv_request` from another Relay service over HTTP, answered in the response: the retainer's
-replicated retained messages).
+replicated retained messages), and the membership's: `GET /internal/kv/members` (this site's
+view, change and the URLs it knows), `POST /internal/kv/announce` `{"site", "url"}` (a
+replicator telling its URL), `POST /internal/kv/change` (a participant's report in a change,
+`relay_replicator.changes`).
 
-Invariant: `coordinate` needs the admin token (when one is set) and runs the request exactly as
-a record read from `relay.replication` would run; its outcome is the response body.
+Invariant: every route but `status` needs the admin token (when one is set); `coordinate` runs
+the request exactly as a record read from `relay.replication` would run; its outcome is the
+response body; a malformed body is answered 400 and changes nothing.
 """
 
 from __future__ import annotations
@@ -17,8 +21,11 @@ from starlette.responses import JSONResponse
 from starlette.routing import BaseRoute, Route
 
 from relay_bus import schemas
+from relay_kv import clock
+from relay_replicator.changes import Changes
 from relay_replicator.coordinator import Coordinator
 from relay_replicator.peers import Peers
+from relay_replicator.replica import Refused
 from relay_replicator.store import KvStore
 from relay_replicator.sync import Sync
 
@@ -30,6 +37,7 @@ def internal(
     sync: Sync,
     held: Callable[[], list[int]],
     coordinator: Coordinator,
+    changes: Changes,
     token: str | None,
 ) -> list[BaseRoute]:
     def allowed(request: Request) -> bool:
@@ -42,6 +50,8 @@ def internal(
             {
                 "site": site,
                 "sites": list(peers.view.sites),
+                "version": peers.view.version,
+                "change": None if peers.change is None else list(peers.change.new.sites),
                 "partitions": held(),
                 "hint_bytes": store.hint_bytes,
                 "sync_passes": sync.passes,
@@ -65,7 +75,45 @@ def internal(
             }
         )
 
+    def forbidden() -> JSONResponse:
+        return JSONResponse({"error": "FORBIDDEN", "detail": "admin token"}, status_code=403)
+
+    def bad(detail: str) -> JSONResponse:
+        return JSONResponse({"error": "BAD_REQUEST", "detail": detail}, status_code=400)
+
+    async def members(request: Request) -> JSONResponse:
+        if not allowed(request):
+            return forbidden()
+        return JSONResponse(await changes.describe())
+
+    async def announce(request: Request) -> JSONResponse:
+        if not allowed(request):
+            return forbidden()
+        try:
+            body = await request.json()
+            site, url = str(body["site"]), str(body["url"])
+        except (ValueError, KeyError, TypeError) as error:
+            return bad(f"expected {{site, url}}: {error}")
+        if not clock.SITE_PATTERN.match(site) or not url.startswith(("http://", "https://")):
+            return bad("site must be 16 hex digits and url an http(s) URL")
+        peers.heard(site, url)
+        return JSONResponse({"site": site})
+
+    async def change(request: Request) -> JSONResponse:
+        if not allowed(request):
+            return forbidden()
+        try:
+            answer = await changes.receive(await request.json())
+        except (ValueError, KeyError, TypeError) as error:
+            return bad(f"not a change report: {error}")
+        except Refused as error:
+            return JSONResponse({"error": "CONFLICT", "detail": str(error)}, status_code=409)
+        return JSONResponse(answer)
+
     return [
         Route("/internal/kv/status", status, methods=["GET"]),
         Route("/internal/kv/coordinate", coordinate, methods=["POST"]),
+        Route("/internal/kv/members", members, methods=["GET"]),
+        Route("/internal/kv/announce", announce, methods=["POST"]),
+        Route("/internal/kv/change", change, methods=["POST"]),
     ]

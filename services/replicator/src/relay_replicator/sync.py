@@ -169,12 +169,15 @@ class Sync:
         my_shards = self.shards(n, peer, groups)["shards"]
         differing = tictac.differing(my_shards, their_shards)
         for start in range(0, len(differing), self.shards_per_call):
-            await self._repair_shards(peer, n, differing[start : start + self.shards_per_call])
+            await self.repair_shards(peer, n, differing[start : start + self.shards_per_call])
         return len(differing)
 
-    async def _repair_shards(self, peer: str, n: int, shards: list[int]) -> None:
+    async def repair_shards(
+        self, peer: str, n: int, shards: list[int], *, push: bool = True
+    ) -> None:
         """Make this site and `peer` hold the join of every key of `shards`: one listing of
-        the peer's keys for all of them, then pulls and pushes `batch` keys at a time."""
+        the peer's keys for all of them, then pulls and pushes `batch` keys at a time (without
+        `push`, only pulls: this site then holds the join, the peer is left as it was)."""
         asked = {"n": n, "shards": shards}
         listed = (await self.peers.call(peer, "/internal/kv/tree/keys", asked))["keys"]
         their_keys = {(shard, ns, key): h for shard, ns, key, h in listed}
@@ -195,15 +198,17 @@ class Sync:
                 if got:
                     await self.replicas.local.write(got)
                     _EXCHANGED.labels("pulled").inc(len(got))
-            push = [
+            if not push:
+                continue
+            pushed = [
                 (n, ns, key, value)
                 for shard, ns, key in part
                 if (value := self.store.get(n, shard, ns, key)) is not None
                 and not self.purgeable(n, shard, ns, value)
             ]
-            if push:
-                await self.replicas.write(peer, push)
-                _EXCHANGED.labels("pushed").inc(len(push))
+            if pushed:
+                await self.replicas.write(peer, pushed)
+                _EXCHANGED.labels("pushed").inc(len(pushed))
 
     # -- garbage collection ------------------------------------------------------------------
 
