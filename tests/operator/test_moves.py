@@ -189,11 +189,12 @@ def test_a_refusal_that_retrying_cannot_change_fails_the_move() -> None:
 
 
 def test_a_commit_waits_while_the_target_has_the_partition_pending() -> None:
-    pending = iter([[], []])
+    pending: list[list[int]] = [[], []]
+    left = iter(pending)
 
     def late(call: moves.Call) -> moves.Answer:
         if call.step == "commit":
-            return moves.Answer(200, {"serving": next(pending, [2])})
+            return moves.Answer(200, {"serving": next(left, [2])})
         return ok(call)
 
     status, calls, _ = run({}, late, step_s=0.01)
@@ -232,7 +233,7 @@ def test_whatever_the_answers_a_move_commits_only_within_budget_with_equal_diges
         assert "RolledBack" not in phases[first:]
         decided = persisted[first]
         assert decided["sourceDigest"] == decided["targetDigest"]
-        paused = times.parse(decided["phaseAt"]) - times.parse(decided["pausedAt"])
+        paused = (times.parse(decided["phaseAt"]) or 0) - (times.parse(decided["pausedAt"]) or 0)
         assert paused <= POLICY.budget_s + 1e-6
     # The source is paused only by a pause of this generation, and given back only by one newer.
     for call in calls:
