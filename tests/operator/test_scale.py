@@ -1,0 +1,237 @@
+"""`kopf run` of the operator scaling a queue-writer pool 1 -> 2 -> 1 by partition moves, against
+real queue-writer processes (tests/operator/statefulsets.py stands in for the StatefulSet
+controller) on the real Apache Kafka broker, while SENDs are put on the moved partitions as the
+ingress puts them (tests/runtime/test_queue_writer_handoff.py's `Load`).
+
+Checked: every acknowledged message is held, in the order sent, by the instance that owns its
+partition at the end; no two instances ever serve one partition (both asked at `GET
+/internal/ownership` every 50 ms throughout); each move is Released with its pause within the
+budget (the pause per move is printed); the StatefulSet is raised before the moves of a scale
+up and lowered only after those of a scale down."""
+
+from __future__ import annotations
+
+import base64
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from relay_operator import pools
+from tests import helpers
+from tests.operator import kube
+from tests.operator.conftest import NAMESPACE, Operator, wait_for
+from tests.operator.statefulsets import StatefulSetStandIn
+from tests.runtime.test_queue_writer_handoff import AUTH, PARTITIONS, TOKEN, Load, _bodies
+
+STS = "r1-relay-queue-writer"
+POOL_PATH = f"/apis/relay.dev/v1alpha1/namespaces/{NAMESPACE}/relaypools/queue-writer"
+BUDGET_S = 2
+SCALE_S = 180.0
+
+
+class Owners:
+    """Asks every running instance which partitions it serves, every 50 ms, in a thread;
+    keeps each answer set and any moment two instances served one partition."""
+
+    def __init__(self, pods: StatefulSetStandIn) -> None:
+        self.pods = pods
+        self.overlaps: list[dict[int, list[int]]] = []
+        self.seen: list[dict[int, list[int]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Owners:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        with httpx.Client(headers=AUTH, timeout=2) as client:
+            while not self._stop.is_set():
+                serving: dict[int, list[int]] = {}
+                for ordinal, url in self.pods.urls().items():
+                    try:
+                        answer = client.get(f"{url}/internal/ownership")
+                    except httpx.HTTPError:
+                        continue
+                    if answer.status_code == 200:
+                        serving[ordinal] = answer.json()["serving"]
+                flat = [p for share in serving.values() for p in share]
+                if len(flat) != len(set(flat)):
+                    self.overlaps.append(serving)
+                if not self.seen or self.seen[-1] != serving:
+                    self.seen.append(serving)
+                time.sleep(0.05)
+
+
+@pytest.fixture
+def pods(api: kube.Served, kafka: helpers.Kafka, tmp_path: Path) -> Iterator[StatefulSetStandIn]:
+    def env(ordinal: int) -> dict[str, str]:
+        return {
+            **kafka.env(),
+            "RELAY_KAFKA__PARTITIONS": str(PARTITIONS),
+            "RELAY_ADMIN_TOKEN": TOKEN,
+            "RELAY_DATA__REPLICAS": "1",
+            "RELAY_DUMP_INTERVAL_S": "0",
+        }
+
+    api.create(
+        {
+            "apiVersion": "apps/v1",
+            "kind": "StatefulSet",
+            "metadata": {
+                "name": STS,
+                "namespace": NAMESPACE,
+                "labels": {"app.kubernetes.io/name": "relay"},
+            },
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": {"app.kubernetes.io/component": "queue-writer"}},
+            },
+        }
+    )
+    with StatefulSetStandIn(api, NAMESPACE, STS, tmp_path / "pods", env) as standin:
+        yield standin
+    assert standin.error is None, repr(standin.error)
+
+
+def install(api: kube.Served, port: int, **cluster: Any) -> None:
+    api.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "r1-relay-admin", "namespace": NAMESPACE},
+            "data": {"token": base64.b64encode(TOKEN.encode()).decode()},
+        }
+    )
+    api.create(
+        {
+            "apiVersion": "relay.dev/v1alpha1",
+            "kind": "RelayCluster",
+            "metadata": {"name": "relay", "namespace": NAMESPACE},
+            "spec": {
+                "partitions": PARTITIONS,
+                "adminSecret": "r1-relay-admin",
+                "adminUrl": "http://127.0.0.1:9",
+                "dumpIntervalSeconds": 0,
+                "moveBudgetSeconds": BUDGET_S,
+                "moveKeepSeconds": 0,
+                "approval": "Auto",
+                **cluster,
+            },
+        }
+    )
+    api.create(
+        {
+            "apiVersion": "relay.dev/v1alpha1",
+            "kind": "RelayPool",
+            "metadata": {"name": "queue-writer", "namespace": NAMESPACE},
+            "spec": {"service": "queue-writer", "statefulSet": STS, "replicas": 1, "port": port},
+        }
+    )
+
+
+def pool_status(api: kube.Served) -> dict[str, Any]:
+    return dict((api.get("relaypools", NAMESPACE, "queue-writer") or {}).get("status") or {})
+
+
+def condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
+    return next((c for c in status.get("conditions", []) if c["type"] == type_), {})
+
+
+def at_size(api: kube.Served, replicas: int) -> bool:
+    status = pool_status(api)
+    blocked = condition(status, "ScaleBlocked")
+    return status.get("replicas") == replicas and blocked.get("reason") == "AtSize"
+
+
+def moves_of(api: kube.Served) -> dict[str, dict[str, Any]]:
+    return {m["metadata"]["name"]: m for m in api.items("relaypartitionmoves")}
+
+
+def test_a_queue_writer_pool_scales_one_two_one_under_load_losing_nothing(
+    api: kube.Served,
+    pods: StatefulSetStandIn,
+    kafka: helpers.Kafka,
+    operator: Callable[..., Operator],
+) -> None:
+    wait_for("pod 0 Ready", lambda: pods.ready() == [0], timeout_s=60)
+    install(api, pods.port)
+    op = operator()
+    wait_for("the adoption", lambda: pool_status(api).get("assignment"), operator=op)
+    assert (pool_status(api)["generation"], pool_status(api)["assignment"]) == (1, [0, 0, 0, 0])
+    up = pools.plan([0, 0, 0, 0], 2)
+    moved = [m.partition for m in up]
+    assert moved == [2, 3]
+    loads = [Load(kafka, interval_s=0.08) for _ in moved]
+    for load, partition in zip(loads, moved, strict=True):
+        load.start(partition)
+
+    with Owners(pods) as owners:
+        time.sleep(1.0)
+        started = time.monotonic()
+        api.patch(POOL_PATH, {"spec": {"replicas": 2}})
+        wait_for("1 -> 2", lambda: at_size(api, 2), timeout_s=SCALE_S, operator=op)
+        up_s = time.monotonic() - started
+        assert pool_status(api)["assignment"] == [0, 0, 1, 1]
+        assert api.get("statefulsets", NAMESPACE, STS)["spec"]["replicas"] == 2
+        assert all(load.still_sending() for load in loads)  # the moves ran under the load
+
+        started = time.monotonic()
+        api.patch(POOL_PATH, {"spec": {"replicas": 1}})
+        wait_for("2 -> 1", lambda: at_size(api, 1), timeout_s=SCALE_S, operator=op)
+        wait_for("pod 1 stopped", lambda: pods.urls().keys() == {0}, timeout_s=60)
+        down_s = time.monotonic() - started
+        time.sleep(0.5)
+    acknowledged: dict[str, list[str]] = {}
+    for load in loads:
+        acknowledged.update(load.finish())
+
+    status = pool_status(api)
+    assert status["assignment"] == [0, 0, 0, 0]
+    assert status["generation"] > 1
+    assert condition(status, "Migrating")["status"] == "False"
+    # The StatefulSet went up before the moves and down after them: 1, 2, 1.
+    assert [p["spec"]["replicas"] for p in api.sent("PATCH", "statefulsets") if "spec" in p] == [
+        2,
+        1,
+    ]
+    assert pods.started == [0, 1]
+    assert pods.stopped == [1]
+
+    found = moves_of(api)
+    assert len(found) == 4, sorted(found)
+    lines = []
+    for name, move in sorted(found.items(), key=lambda kv: kv[1]["spec"]["generation"]):
+        spec, result = move["spec"], move["status"]
+        assert result["phase"] == "Released", (name, result)
+        assert result["sourceDigest"] == result["targetDigest"]
+        assert 0 < result["pauseMs"] <= BUDGET_S * 1000
+        lines.append(
+            f"{name}: p{spec['partition']} {spec['fromOrdinal']}->{spec['toOrdinal']} "
+            f"pause {result['pauseMs']:.0f} ms"
+        )
+    # Up: partition order; down: the highest ordinal emptied (it is the only one above 0).
+    order = [
+        (m["spec"]["partition"], m["spec"]["toOrdinal"])
+        for m in sorted(found.values(), key=lambda m: m["spec"]["generation"])
+    ]
+    assert order == [(2, 1), (3, 1), (2, 0), (3, 0)]
+
+    assert owners.overlaps == [], owners.overlaps[:3]
+    assert any(serving.get(1) == [2, 3] for serving in owners.seen)  # 1 did serve them
+    sent = sum(len(load.sent) for load in loads)
+    assert sum(map(len, acknowledged.values())) == sent > 40  # every SEND answered 201
+    final = pods.urls()[0]
+    for partition, load in zip(moved, loads, strict=True):
+        held = _bodies(final, partition)
+        assert held == {q: acknowledged[q] for q, _ in load.queues}, partition
+    print(f"\n1->2 in {up_s:.1f} s, 2->1 in {down_s:.1f} s, {sent} sends; " + "; ".join(lines))
