@@ -235,3 +235,86 @@ def test_a_queue_writer_pool_scales_one_two_one_under_load_losing_nothing(
         held = _bodies(final, partition)
         assert held == {q: acknowledged[q] for q, _ in load.queues}, partition
     print(f"\n1->2 in {up_s:.1f} s, 2->1 in {down_s:.1f} s, {sent} sends; " + "; ".join(lines))
+
+
+def _status_of(body: Any) -> dict[str, Any]:
+    return dict(body.get("status") or {}) if isinstance(body, dict) else {}
+
+
+def test_an_operator_killed_mid_move_resumes_it_from_the_status(
+    api: kube.Served,
+    pods: StatefulSetStandIn,
+    kafka: helpers.Kafka,
+    operator: Callable[..., Operator],
+) -> None:
+    """SIGKILL while a move's status write is being retried (injected 409 and 500 answers):
+    after its commit, the next operator commits again (idempotent) and releases; mid-pause, the
+    next one finds the pause past its budget and rolls back, then plans the move again."""
+    wait_for("pod 0 Ready", lambda: pods.ready() == [0], timeout_s=60)
+    install(api, pods.port)
+    committed = api.call(
+        lambda server: server.inject(
+            "PATCH",
+            "relaypartitionmoves",
+            [409, 500, 500, 500, 500],
+            subresource="status",
+            when=lambda body: _status_of(body).get("installed") is True,
+        )
+    )
+    op = operator()
+    wait_for("the adoption", lambda: pool_status(api).get("assignment"), operator=op)
+    loads = [Load(kafka, interval_s=0.08) for _ in (2, 3)]
+    for load, partition in zip(loads, (2, 3), strict=True):
+        load.start(partition)
+    with Owners(pods) as owners:
+        api.patch(POOL_PATH, {"spec": {"replicas": 2}})
+        wait_for(
+            "the commit's status write refused twice", lambda: len(committed.hits) >= 2, 90, op
+        )
+        op.kill()  # p2 committed on the target; its status still says Committed, not installed
+        assert "answered 409; trying again" in op.text()
+        api.call(lambda server: committed.statuses.clear())
+        first = moves_of(api)["queue-writer-g2-p2"]["status"]
+        assert (first["phase"], first.get("installed")) == ("Committed", None)
+        paused = api.call(
+            lambda server: server.inject(
+                "PATCH",
+                "relaypartitionmoves",
+                [500, 500, 500, 500, 500],
+                subresource="status",
+                when=lambda body: _status_of(body).get("phase") == "CatchingUp",
+            )
+        )
+        op = operator()
+        wait_for("the pause's status write refused", lambda: len(paused.hits) >= 2, 90, op)
+        op.kill()  # p3's source paused; its status still says Paused
+        api.call(lambda server: paused.statuses.clear())
+        assert moves_of(api)["queue-writer-g4-p3"]["status"]["phase"] == "Paused"
+        op = operator()
+        wait_for("1 -> 2", lambda: at_size(api, 2), timeout_s=SCALE_S, operator=op)
+        time.sleep(0.5)
+    acknowledged: dict[str, list[str]] = {}
+    for load in loads:
+        acknowledged.update(load.finish())
+
+    found = moves_of(api)
+    released = found["queue-writer-g2-p2"]["status"]
+    assert released["phase"] == "Released"
+    rolled = found["queue-writer-g4-p3"]["status"]
+    assert rolled["phase"] == "RolledBack"
+    assert "past its budget" in rolled["message"]
+    again = [m for n, m in found.items() if n not in ("queue-writer-g2-p2", "queue-writer-g4-p3")]
+    assert [(m["spec"]["partition"], m["status"]["phase"]) for m in again] == [(3, "Released")]
+    assert again[0]["spec"]["generation"] > 5  # above the rollback's generation 5
+    status = pool_status(api)
+    assert (status["assignment"], status["rollbacks"]) == ([0, 0, 1, 1], 1)
+    assert owners.overlaps == [], owners.overlaps[:3]
+    sent = sum(len(load.sent) for load in loads)
+    assert sum(map(len, acknowledged.values())) == sent > 20
+    urls = pods.urls()
+    for partition, load in zip((2, 3), loads, strict=True):
+        assert _bodies(urls[1], partition) == {q: acknowledged[q] for q, _ in load.queues}
+    print(
+        f"\nresumed after kills: p2 pause {released['pauseMs']:.0f} ms (includes the restart), "
+        f"p3 rolled back ({rolled['message']}), then pause {again[0]['status']['pauseMs']:.0f} ms"
+    )
