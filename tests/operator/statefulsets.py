@@ -105,6 +105,14 @@ class StatefulSetStandIn:
         if instance is not None:
             instance.process.send_signal(signal.SIGKILL)
 
+    def freeze(self, ordinal: int, frozen: bool = True) -> None:
+        """SIGSTOP (a hung pod: connections accepted by the kernel, nothing answered) or, with
+        `frozen=False`, SIGCONT the ordinal's process. The Pod stays Ready meanwhile, as it
+        would until its readiness probe fails."""
+        with self._lock:
+            instance = self.instances[ordinal]
+        instance.process.send_signal(signal.SIGSTOP if frozen else signal.SIGCONT)
+
     def _run(self) -> None:
         try:
             while not self._stop.is_set():

@@ -318,3 +318,92 @@ def test_an_operator_killed_mid_move_resumes_it_from_the_status(
         f"\nresumed after kills: p2 pause {released['pauseMs']:.0f} ms (includes the restart), "
         f"p3 rolled back ({rolled['message']}), then pause {again[0]['status']['pauseMs']:.0f} ms"
     )
+
+
+def _approve(api: kube.Served, name: str) -> None:
+    api.patch(
+        f"/apis/relay.dev/v1alpha1/namespaces/{NAMESPACE}/relaypartitionmoves/{name}",
+        {"metadata": {"annotations": {"relay.dev/approved": "true"}}},
+    )
+
+
+def test_manual_moves_wait_for_approval_and_a_failed_one_blocks_until_deleted(
+    api: kube.Served,
+    pods: StatefulSetStandIn,
+    operator: Callable[..., Operator],
+) -> None:
+    wait_for("pod 0 Ready", lambda: pods.ready() == [0], timeout_s=60)
+    install(api, pods.port, approval="Manual", moveTimeoutSeconds=5)
+    op = operator(RELAY_OPERATOR_PREFETCH_TIMEOUT_S="1")
+    wait_for("the adoption", lambda: pool_status(api).get("assignment"), operator=op)
+    with Owners(pods) as owners:
+        api.patch(POOL_PATH, {"spec": {"replicas": 2}})
+        wait_for(
+            "moves awaiting approval",
+            lambda: condition(pool_status(api), "ScaleBlocked").get("reason") == "AwaitingApproval",
+            timeout_s=60,
+            operator=op,
+        )
+        # The StatefulSet went up and its new pod is Ready; nothing moved.
+        assert pods.ready() == [0, 1]
+        assert sorted(moves_of(api)) == ["queue-writer-g2-p2", "queue-writer-g4-p3"]
+        assert "relay.dev/approved=true" in condition(pool_status(api), "ScaleBlocked")["message"]
+        _approve(api, "queue-writer-g4-p3")  # the second: moves run in order, so nothing runs
+        time.sleep(2.5)
+        assert {n: m["status"]["phase"] for n, m in moves_of(api).items()} == {
+            "queue-writer-g2-p2": "Planned",
+            "queue-writer-g4-p3": "Planned",
+        }
+        assert pool_status(api)["assignment"] == [0, 0, 0, 0]
+
+        pods.freeze(1)  # the target hangs: its prefetch never answers
+        _approve(api, "queue-writer-g2-p2")
+        wait_for(
+            "the move Failed",
+            lambda: moves_of(api)["queue-writer-g2-p2"]["status"]["phase"] == "Failed",
+            timeout_s=60,
+            operator=op,
+        )
+        failed = moves_of(api)["queue-writer-g2-p2"]["status"]
+        assert "prefetch did not succeed within 5 s" in failed["message"]
+        blocked = wait_for(
+            "ScaleBlocked",
+            lambda: condition(pool_status(api), "ScaleBlocked").get("reason") == "MoveFailed",
+            operator=op,
+        )
+        assert blocked
+        assert "queue-writer-g2-p2" in condition(pool_status(api), "ScaleBlocked")["message"]
+        assert pool_status(api)["assignment"] == [0, 0, 0, 0]
+        # A prefetch fences nothing: ordinal 0 served every partition throughout.
+        answer = httpx.get(f"{pods.urls()[0]}/internal/ownership", headers=AUTH, timeout=5)
+        assert answer.json()["serving"] == [0, 1, 2, 3]
+        time.sleep(2)
+        assert moves_of(api)["queue-writer-g4-p3"]["status"]["phase"] == "Planned"  # blocked
+
+        # A person looks, the pod answers again, the move is deleted: the pool plans anew.
+        pods.freeze(1, frozen=False)
+        api.delete(
+            f"/apis/relay.dev/v1alpha1/namespaces/{NAMESPACE}/relaypartitionmoves/"
+            "queue-writer-g2-p2"
+        )
+
+        def approved_all() -> bool:
+            for name, move in moves_of(api).items():
+                annotations = move["metadata"].get("annotations") or {}
+                if move["status"].get("phase") == "Planned" and not annotations:
+                    _approve(api, name)
+            return at_size(api, 2)
+
+        wait_for("1 -> 2 after the new plan", approved_all, timeout_s=SCALE_S, operator=op)
+    found = moves_of(api)
+    assert "queue-writer-g2-p2" not in found
+    released = sorted(
+        (m["spec"]["partition"], m["spec"]["generation"])
+        for m in found.values()
+        if m["status"]["phase"] == "Released"
+    )
+    # Planned again above every generation the pool's moves used (the old p3 move's 4).
+    assert [p for p, _ in released] == [2, 3]
+    assert all(g > 4 for _, g in released)
+    assert pool_status(api)["assignment"] == [0, 0, 1, 1]
+    assert owners.overlaps == []

@@ -12,8 +12,9 @@ Invariants:
   only once every pod of the StatefulSet at its working size is Ready (scale up: the
   StatefulSet is raised first), and the StatefulSet is lowered only once every move is
   released (scale down: the highest ordinal is emptied first);
-- a Failed move stops the pool's scale (ScaleBlocked) until a person deletes it; a move rolled
-  back `MAX_ROLLBACKS` times for one target size does too;
+- a Failed move stops the pool's scale (ScaleBlocked) until a person deletes it (then the
+  pool plans again from its status); `MAX_ROLLBACKS` rolled-back moves for one target size
+  stop it too;
 - a plan is made only while no move of the pool runs, so a move's generation, assignment and
   `replicas` never change under it.
 """
@@ -126,7 +127,7 @@ class Scaler:
             why = _status(failed[0]).get("message", "")
             await self._write(
                 pool,
-                {},
+                {"failedMove": failed[0]["metadata"]["name"]},
                 _blocked(
                     "MoveFailed",
                     f"partition move {names} failed: {why}. Check the pods' GET "
@@ -136,6 +137,9 @@ class Scaler:
                 pools.migrating(),
             )
             return
+        if pool.status.get("failedMove"):
+            # A person deleted the Failed move: the rest of its plan assumed it; plan again.
+            await self._write(pool, {"failedMove": None, "plannedReplicas": None})
         if int(pool.status.get("rollbacks") or 0) >= MAX_ROLLBACKS:
             await self._write(
                 pool,
