@@ -129,7 +129,7 @@ class StatefulSetStandIn:
         wanted = int(statefulset["spec"].get("replicas", 0))
         with self._lock:
             running = dict(self.instances)
-        for ordinal, instance in running.items():
+        for ordinal, instance in list(running.items()):
             if instance.process.poll() is not None:  # died: its pod restarts the container
                 self._set_pod(ordinal, None)
                 with self._lock:

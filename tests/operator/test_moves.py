@@ -162,8 +162,13 @@ def test_transient_failures_are_retried_and_a_step_past_its_timeout_fails() -> N
     def first_two_fail(call: moves.Call) -> moves.Answer:
         return next(flaky, None) or ok(call)
 
-    status, calls, _ = run({}, first_two_fail)
+    status, calls, persisted = run({}, first_two_fail)
     assert steps(calls)[:3] == [("prefetch", 1)] * 3
+    # A retry keeps the phase's message and says what failed; the next phase forgets it.
+    assert persisted[1]["message"] == "prefetching on the target"
+    assert persisted[1]["lastError"] == "prefetch: no answer (refused)"
+    assert persisted[2]["lastError"] == "prefetch: 503"
+    assert persisted[3]["lastError"] is None
     assert status["phase"] == "Committed"
 
     def target_gone(call: moves.Call) -> moves.Answer:

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
-from relay_operator import pools
+from relay_operator import pools, times
 from tests import helpers
 from tests.operator import kube
 from tests.operator.conftest import NAMESPACE, Operator, wait_for
@@ -215,9 +215,10 @@ def test_a_queue_writer_pool_scales_one_two_one_under_load_losing_nothing(
         assert result["phase"] == "Released", (name, result)
         assert result["sourceDigest"] == result["targetDigest"]
         assert 0 < result["pauseMs"] <= BUDGET_S * 1000
+        took = (times.parse(result["finishedAt"]) or 0) - (times.parse(result["startedAt"]) or 0)
         lines.append(
             f"{name}: p{spec['partition']} {spec['fromOrdinal']}->{spec['toOrdinal']} "
-            f"pause {result['pauseMs']:.0f} ms"
+            f"pause {result['pauseMs']:.0f} ms, move {took * 1000:.0f} ms"
         )
     # Up: partition order; down: the highest ordinal emptied (it is the only one above 0).
     order = [
@@ -407,3 +408,68 @@ def test_manual_moves_wait_for_approval_and_a_failed_one_blocks_until_deleted(
     assert all(g > 4 for _, g in released)
     assert pool_status(api)["assignment"] == [0, 0, 1, 1]
     assert owners.overlaps == []
+
+
+@pytest.mark.parametrize("victim", ["source", "target"])
+def test_a_pod_killed_mid_pause_rolls_the_move_back_and_it_runs_again(
+    victim: str,
+    api: kube.Served,
+    pods: StatefulSetStandIn,
+    kafka: helpers.Kafka,
+    operator: Callable[..., Operator],
+) -> None:
+    """SIGKILL of the source or the target right after the source paused (the operator held
+    there by a refused status write): the catch-up cannot succeed until the pod is back, so the
+    move rolls back once it is, and the pool's new plan moves the partition; or, when the pod
+    came back within the budget with its durable state, the digests agree and it commits."""
+    wait_for("pod 0 Ready", lambda: pods.ready() == [0], timeout_s=60)
+    install(api, pods.port)
+    held = api.call(
+        lambda server: server.inject(
+            "PATCH",
+            "relaypartitionmoves",
+            [500, 500, 500],
+            subresource="status",
+            when=lambda body: _status_of(body).get("phase") == "CatchingUp",
+        )
+    )
+    op = operator()
+    wait_for("the adoption", lambda: pool_status(api).get("assignment"), operator=op)
+    load = Load(kafka, interval_s=0.05)
+    load.start(2)
+    with Owners(pods) as owners:
+        api.patch(POOL_PATH, {"spec": {"replicas": 2}})
+        deadline = time.monotonic() + 90
+        while not api.call(lambda server: held.hits):
+            assert time.monotonic() < deadline, op.text()[-3000:]
+            time.sleep(0.02)
+        pods.kill(0 if victim == "source" else 1)  # the source has paused partition 2
+        api.call(lambda server: held.statuses.clear())
+        wait_for("1 -> 2", lambda: at_size(api, 2), timeout_s=SCALE_S, operator=op)
+        time.sleep(0.5)
+    acknowledged = load.finish()
+
+    found = moves_of(api)
+    ran = sorted(
+        (m["spec"]["generation"], m["spec"]["partition"], m["status"])
+        for m in found.values()
+        if m["status"]["phase"] != "Planned"
+    )
+    first = ran[0][2]
+    if first["phase"] == "RolledBack":
+        # The usual outcome: the killed pod was not back within the budget.
+        assert first["rollbackStep"] == 3
+        assert first["message"].startswith("rolled back: the pause reached"), first["message"]
+        assert [(p, st["phase"]) for _, p, st in ran[1:]] == [(2, "Released"), (3, "Released")]
+        outcome = f"rolled back ({first['message']}), then moved again"
+    else:
+        # A pod back within the budget with its durable state: the same digests, committed.
+        assert [(p, st["phase"]) for _, p, st in ran] == [(2, "Released"), (3, "Released")]
+        assert first["pauseMs"] <= BUDGET_S * 1000
+        outcome = f"committed within the budget ({first['pauseMs']:.0f} ms)"
+    assert pool_status(api)["assignment"] == [0, 0, 1, 1]
+    assert pods.started.count(0 if victim == "source" else 1) == 2  # it did restart
+    assert owners.overlaps == [], owners.overlaps[:3]
+    assert sum(map(len, acknowledged.values())) == len(load.sent) > 20
+    assert _bodies(pods.urls()[1], 2) == {q: acknowledged[q] for q, _ in load.queues}
+    print(f"\n{victim} killed mid-pause: {outcome}; {len(load.sent)} sends")

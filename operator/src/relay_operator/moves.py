@@ -207,7 +207,10 @@ def _call(move: Move, step: Step) -> Call:
 
 
 def _enter(status: dict[str, Any], phase: str, now: float, message: str) -> dict[str, Any]:
-    return {**status, "phase": phase, "phaseAt": times.iso(now), "message": message}
+    """`status` in `phase` from `now` (the last step's transient failure forgotten)."""
+    entered = {**status, "phase": phase, "phaseAt": times.iso(now), "message": message}
+    entered["lastError"] = None
+    return entered
 
 
 def _paused_s(status: dict[str, Any], now: float) -> float:
@@ -256,7 +259,8 @@ def _retry(
     if status["phase"] in (PAUSED, CATCHING_UP) and _paused_s(status, now) > policy.budget_s:
         return _next(move, status, policy, now, approved=True)  # rolls back
     if now - started > policy.timeout_s:
-        why = f"{call.step} did not succeed within {policy.timeout_s:g} s ({status['message']})"
+        last = status.get("lastError", "")
+        why = f"{call.step} did not succeed within {policy.timeout_s:g} s (last: {last})"
         return Next(_fail(status, now, why))
     delay = min(RETRY_S * 2 ** min(tries, 5), 5.0)
     if status["phase"] in (PAUSED, CATCHING_UP):
@@ -276,7 +280,7 @@ def _after(
         if not _transient(answer):
             why = f"{call.step} on ordinal {call.on}: {answer.describe()}"
             return _fail(status, now, why), "done"
-        return {**status, "message": f"{call.step}: {answer.describe()}; trying again"}, "retry"
+        return {**status, "lastError": f"{call.step}: {answer.describe()}"}, "retry"
     if call.step in ("return", "withdraw", "forget"):
         return _rolled(status, now)
     return _SUCCEEDED[call.step](move, status, policy, now, answer.body)
@@ -314,7 +318,7 @@ def _committed(
 ) -> tuple[dict[str, Any], Outcome]:
     if move.partition not in body.get("serving", []):
         # The target waits for the source's publication (`pending`): install again.
-        return {**status, "message": "commit: the target does not serve it yet"}, "retry"
+        return {**status, "lastError": "commit: the target does not serve it yet"}, "retry"
     status = _enter(status, COMMITTED, now, "committed; the source keeps its copy")
     status.update(
         installed=True,
