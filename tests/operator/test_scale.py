@@ -391,7 +391,7 @@ def test_manual_moves_wait_for_approval_and_a_failed_one_blocks_until_deleted(
         def approved_all() -> bool:
             for name, move in moves_of(api).items():
                 annotations = move["metadata"].get("annotations") or {}
-                if move["status"].get("phase") == "Planned" and not annotations:
+                if (move.get("status") or {}).get("phase") == "Planned" and not annotations:
                     _approve(api, name)
             return at_size(api, 2)
 
