@@ -79,6 +79,7 @@ def test_a_move_runs_prefetch_pause_catch_up_commit_then_releases_after_the_keep
     assert moves.installed(status)
     assert not moves.finished(status)
     assert status["pauseMs"] == 300.0  # pause, catch-up and commit: three calls of 0.1 s
+    assert status["catchUpMs"] == 200.0  # what the budget bounds: pause and catch-up
     assert status["sourceDigest"] == status["targetDigest"] == "d1"
     # The source keeps its copy for `keep_s`; then it is released.
     clock[0] += 5
@@ -125,6 +126,19 @@ def test_digests_that_differ_roll_back_source_first_then_the_target_forgets() ->
     assert status["message"].startswith("rolled back")
 
 
+def test_a_target_serving_the_partition_before_its_catch_up_rolls_back() -> None:
+    # The target restarted after the pause and took the source's publication up (0019).
+    def served(call: moves.Call) -> moves.Answer:
+        if call.step == "catch-up":
+            return moves.Answer(409, {"error": "PARTITION_SERVED", "detail": "served here"})
+        return ok(call)
+
+    status, calls, _ = run({}, served)
+    assert steps(calls)[2:] == [("catch-up", 1), ("return", 0), ("withdraw", 1), ("forget", 1)]
+    assert status["phase"] == "RolledBack"
+    assert "serves the partition before its catch-up" in status["message"]
+
+
 def test_a_pause_past_its_budget_rolls_back_and_never_commits() -> None:
     status, calls, _ = run({}, step_s=0.8)  # pause + catch-up = 1.6 s, + the commit
     assert steps(calls)[-1] == ("commit", 1)  # within the budget when the catch-up answered
@@ -149,6 +163,12 @@ def test_a_resumed_move_makes_the_step_in_progress_again() -> None:
     assert late.status["phase"] == "RolledBack"
     assert late.call is not None
     assert late.call.step == "return"
+    # A started move keeps the owners and replicas it started with, whatever the pool says.
+    started = persisted[1]
+    assert (started["before"], started["replicas"]) == ([0, 0, 0, 0], 2)
+    other = moves.Move(MOVE.name, 2, 0, 1, 3, before=(0, 1, 0, 1), replicas=3)
+    assert moves.resumed(other, started) == MOVE
+    assert moves.resumed(other, {"phase": "Planned"}) == other
     committed = next(s for s in persisted if s["phase"] == "Committed")
     again = moves.decide(MOVE, committed, POLICY, T0 + 10, approved=True)
     assert again.status["phase"] == "Committed"
@@ -240,6 +260,7 @@ def test_whatever_the_answers_a_move_commits_only_within_budget_with_equal_diges
         assert decided["sourceDigest"] == decided["targetDigest"]
         paused = (times.parse(decided["phaseAt"]) or 0) - (times.parse(decided["pausedAt"]) or 0)
         assert paused <= POLICY.budget_s + 1e-6
+        assert decided["catchUpMs"] <= POLICY.budget_s * 1000
     # The source is paused only by a pause of this generation, and given back only by one newer.
     for call in calls:
         if call.step in ("return", "withdraw"):

@@ -157,6 +157,30 @@ def moves_of(api: kube.Served) -> dict[str, dict[str, Any]]:
     return {m["metadata"]["name"]: m for m in api.items("relaypartitionmoves")}
 
 
+def same_bodies(held: dict[str, list[str]], acknowledged: dict[str, list[str]]) -> str:
+    """ "" when each queue holds exactly its acknowledged bodies in order; else what differs."""
+    problems = []
+    for queue in sorted(set(held) | set(acknowledged)):
+        have, want = held.get(queue, []), acknowledged.get(queue, [])
+        if have != want:
+            missing = [b for b in want if b not in have]
+            extra = [b for b in have if b not in want]
+            problems.append(
+                f"{queue}: {len(have)} held, {len(want)} acknowledged, missing {missing[:10]}, "
+                f"extra {extra[:10]}, duplicates {len(have) - len(set(have))}"
+            )
+    return "; ".join(problems)
+
+
+def wait_at_size(api: kube.Served, replicas: int, op: Operator) -> None:
+    """Wait for the pool at `replicas`; on timeout, say where its moves and status were."""
+    try:
+        wait_for(f"the pool at {replicas}", lambda: at_size(api, replicas), SCALE_S, op)
+    except AssertionError as error:
+        state = {n: m.get("status") for n, m in moves_of(api).items()}
+        raise AssertionError(f"{error}\nmoves: {state}\npool: {pool_status(api)}") from None
+
+
 def test_a_queue_writer_pool_scales_one_two_one_under_load_losing_nothing(
     api: kube.Served,
     pods: StatefulSetStandIn,
@@ -445,7 +469,7 @@ def test_a_pod_killed_mid_pause_rolls_the_move_back_and_it_runs_again(
             time.sleep(0.02)
         pods.kill(0 if victim == "source" else 1)  # the source has paused partition 2
         api.call(lambda server: held.statuses.clear())
-        wait_for("1 -> 2", lambda: at_size(api, 2), timeout_s=SCALE_S, operator=op)
+        wait_at_size(api, 2, op)
         time.sleep(0.5)
     acknowledged = load.finish()
 
@@ -459,17 +483,21 @@ def test_a_pod_killed_mid_pause_rolls_the_move_back_and_it_runs_again(
     if first["phase"] == "RolledBack":
         # The usual outcome: the killed pod was not back within the budget.
         assert first["rollbackStep"] == 3
-        assert first["message"].startswith("rolled back: the pause reached"), first["message"]
+        # Past the budget, or (target) the restarted target took the partition up itself.
+        assert first["message"].startswith(
+            ("rolled back: the pause reached", "rolled back: the target serves the partition")
+        ), first["message"]
         assert [(p, st["phase"]) for _, p, st in ran[1:]] == [(2, "Released"), (3, "Released")]
         outcome = f"rolled back ({first['message']}), then moved again"
     else:
         # A pod back within the budget with its durable state: the same digests, committed.
         assert [(p, st["phase"]) for _, p, st in ran] == [(2, "Released"), (3, "Released")]
-        assert first["pauseMs"] <= BUDGET_S * 1000
-        outcome = f"committed within the budget ({first['pauseMs']:.0f} ms)"
+        assert first["catchUpMs"] <= BUDGET_S * 1000
+        outcome = f"committed within the budget (catch-up at {first['catchUpMs']:.0f} ms)"
     assert pool_status(api)["assignment"] == [0, 0, 1, 1]
     assert pods.started.count(0 if victim == "source" else 1) == 2  # it did restart
     assert owners.overlaps == [], owners.overlaps[:3]
     assert sum(map(len, acknowledged.values())) == len(load.sent) > 20
-    assert _bodies(pods.urls()[1], 2) == {q: acknowledged[q] for q, _ in load.queues}
+    differs = same_bodies(_bodies(pods.urls()[1], 2), {q: acknowledged[q] for q, _ in load.queues})
+    assert not differs, differs
     print(f"\n{victim} killed mid-pause: {outcome}; {len(load.sent)} sends")

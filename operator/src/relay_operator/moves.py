@@ -15,7 +15,11 @@ side (an install of the generation in force, a pull or import of the same unit, 
 forgotten partition: each again changes nothing). Invariants kept here:
 
 - a move goes forward to Committed only with both digests equal and the pause (from `pausedAt`,
-  persisted before the pause call) within the budget; once Committed it never rolls back;
+  persisted before the pause call, to the catch-up's answer: `catchUpMs`) within the budget;
+  once Committed it never rolls back (`pauseMs`, to the commit's answer, may pass the budget by
+  the commit's own time);
+- a target found serving the partition before its catch-up (it restarted and took the
+  generation up from the source's publication, 0019) rolls back: its state was never compared;
 - a pause found past its budget at any point before Committed (a slow call, no answer, an
   operator restarted mid-pause) rolls back, so the source never stays fenced past the budget
   plus one call's timeout while the operator can reach it;
@@ -29,7 +33,7 @@ Pure: no clock is read and nothing is called here; `now` and the answers are pas
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from relay_operator import times
@@ -78,6 +82,18 @@ class Move:
             "replicas": self.replicas,
             "assignment": list(owners),
         }
+
+
+def resumed(move: Move, status: dict[str, Any]) -> Move:
+    """`move` with the owners and `replicas` its status recorded when it started (a started
+    move's install bodies never change, whatever the pool's status says by then)."""
+    if "before" not in status:
+        return move
+    return replace(
+        move,
+        before=tuple(int(o) for o in status["before"]),
+        replicas=int(status.get("replicas", move.replicas)),
+    )
 
 
 @dataclass(frozen=True)
@@ -236,7 +252,8 @@ def _next(move: Move, status: dict[str, Any], policy: Policy, now: float, approv
             waiting = {**status, "message": f"waiting for the {APPROVED}=true annotation"}
             return Next(waiting)
         status = _enter(status, PREFETCHING, now, "prefetching on the target")
-        status["startedAt"] = times.iso(now)
+        # What its installs are made of, kept: a resume makes the very same bodies.
+        status.update(startedAt=times.iso(now), before=list(move.before), replicas=move.replicas)
         return Next(status, _call(move, "prefetch"))
     if phase in (PAUSED, CATCHING_UP) and _paused_s(status, now) > policy.budget_s:
         late = _paused_s(status, now) * 1000
@@ -277,6 +294,12 @@ def _after(
 ) -> tuple[dict[str, Any], Outcome]:
     """The status after `answer` to `call`, and what follows."""
     if answer.status != 200:
+        if call.step == "catch-up" and answer.code == "PARTITION_SERVED":
+            # The target restarted after the pause and took the partition up from the source's
+            # publication of the generation (decision 0019's start), reading on from its
+            # prefetched mark: its state was never compared. Give the partition back.
+            why = "the target serves the partition before its catch-up (it restarted)"
+            return _rollback(status, now, why), "next"
         if not _transient(answer):
             why = f"{call.step} on ordinal {call.on}: {answer.describe()}"
             return _fail(status, now, why), "done"
@@ -310,7 +333,9 @@ def _caught_up(
         return _rollback(status, now, "the target's digest differs from the source's"), "next"
     if _paused_s(status, now) > policy.budget_s:
         return status, "next"  # `_next` rolls it back
-    return _enter(status, COMMITTED, now, "committing on the target"), "next"
+    committing = _enter(status, COMMITTED, now, "committing on the target")
+    committing["catchUpMs"] = round(_paused_s(status, now) * 1000, 1)
+    return committing, "next"
 
 
 def _committed(

@@ -335,6 +335,7 @@ class Scaler:
                     ),
                     pools.migrating(f"{one.name}: p{one.partition} {one.source}->{one.target}"),
                 )
+            one = moves.resumed(one, _status(move))
             status = await self._drive(pool, one, _status(move), approved)
             if moves.installed(status):
                 if one.generation > pool.generation:
