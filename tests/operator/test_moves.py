@@ -17,12 +17,13 @@ MOVE = moves.Move(
 )
 POLICY = moves.Policy(budget_s=2.0, timeout_s=30.0, keep_s=10.0)
 T0 = 1_000_000.0
+ROLLBACK = [("return", 0), ("withdraw", 1), ("retake", 0), ("forget", 1)]
 
 
 def ok(call: moves.Call) -> moves.Answer:
     """What a healthy pool answers: equal digests, the target serving after the commit."""
     body: dict[str, Any] = {"digest": "d1", "mark": "m7"}
-    if call.step == "commit":
+    if call.step in ("commit", "retake"):
         body["serving"] = [2]
     return moves.Answer(200, body)
 
@@ -115,11 +116,12 @@ def test_digests_that_differ_roll_back_source_first_then_the_target_forgets() ->
         ("catch-up", 1),
         ("return", 0),
         ("withdraw", 1),
+        ("retake", 0),
         ("forget", 1),
     ]
     back = {"generation": 4, "partitions": 4, "replicas": 2, "assignment": [0, 0, 0, 0]}
-    assert calls[3].body == calls[4].body == back
-    assert (calls[5].method, calls[5].path) == ("DELETE", "/internal/partitions/2")
+    assert calls[3].body == calls[4].body == calls[5].body == back
+    assert (calls[6].method, calls[6].path) == ("DELETE", "/internal/partitions/2")
     assert status["phase"] == "RolledBack"
     assert moves.finished(status)
     assert "digest differs" in status["message"]
@@ -134,7 +136,7 @@ def test_a_target_serving_the_partition_before_its_catch_up_rolls_back() -> None
         return ok(call)
 
     status, calls, _ = run({}, served)
-    assert steps(calls)[2:] == [("catch-up", 1), ("return", 0), ("withdraw", 1), ("forget", 1)]
+    assert steps(calls)[2:] == [("catch-up", 1), *ROLLBACK]
     assert status["phase"] == "RolledBack"
     assert "serves the partition before its catch-up" in status["message"]
 
@@ -144,7 +146,7 @@ def test_a_pause_past_its_budget_rolls_back_and_never_commits() -> None:
     assert steps(calls)[-1] == ("commit", 1)  # within the budget when the catch-up answered
     status, calls, _ = run({}, step_s=1.1)
     assert ("commit", 1) not in steps(calls)
-    assert steps(calls)[3:] == [("return", 0), ("withdraw", 1), ("forget", 1)]
+    assert steps(calls)[3:] == [("return", 0), ("withdraw", 1), ("retake", 0), ("forget", 1)]
     assert "past its budget" in status["message"]
     assert status["phase"] == "RolledBack"
 
@@ -263,7 +265,7 @@ def test_whatever_the_answers_a_move_commits_only_within_budget_with_equal_diges
         assert decided["catchUpMs"] <= POLICY.budget_s * 1000
     # The source is paused only by a pause of this generation, and given back only by one newer.
     for call in calls:
-        if call.step in ("return", "withdraw"):
+        if call.step in ("return", "withdraw", "retake"):
             assert call.body is not None
             assert call.body["generation"] == 4
     # A finished move stays finished.

@@ -482,7 +482,7 @@ def test_a_pod_killed_mid_pause_rolls_the_move_back_and_it_runs_again(
     first = ran[0][2]
     if first["phase"] == "RolledBack":
         # The usual outcome: the killed pod was not back within the budget.
-        assert first["rollbackStep"] == 3
+        assert first["rollbackStep"] == 4
         # Past the budget, or (target) the restarted target took the partition up itself.
         assert first["message"].startswith(
             ("rolled back: the pause reached", "rolled back: the target serves the partition")

@@ -5,7 +5,7 @@ A move of partition p from ordinal S (source) to T (target) under generation g (
 on T, the digest compared with the pause's; commit (`PUT /internal/ownership` of g on T); release
 (`DELETE` of p on S) once the keeping time passed. A pause past its budget, or digests that
 differ, roll back: generation g + 1 (`rollback_generation`) giving p back, installed on S, then
-on T, then T forgets what it imported.
+on T, then on S again until S serves p, then T forgets what it imported.
 
 `decide` is the whole rule: from the persisted status (and the answer to the call just made, if
 any) it gives the status to write and the next call. The status is written *before* its call
@@ -107,9 +107,14 @@ class Policy:
     """How long the source keeps its copy after the commit (`moveKeepSeconds`)."""
 
 
-Step = Literal["prefetch", "pause", "catch-up", "commit", "release", "return", "withdraw", "forget"]
+Step = Literal[
+    "prefetch", "pause", "catch-up", "commit", "release", "return", "withdraw", "retake", "forget"
+]
 
-ROLLBACK_STEPS: tuple[Step, ...] = ("return", "withdraw", "forget")
+ROLLBACK_STEPS: tuple[Step, ...] = ("return", "withdraw", "retake", "forget")
+"""Give the partition back on the source, withdraw it on the target, install on the source
+again until it serves it (a target that published the move's generation holds it pending
+there until its withdrawal), and the target forgets its copy."""
 
 
 @dataclass(frozen=True)
@@ -217,6 +222,7 @@ def _call(move: Move, step: Step) -> Call:
         "release": Call(step, move.source, "DELETE", base),
         "return": Call(step, move.source, "PUT", "/internal/ownership", back),
         "withdraw": Call(step, move.target, "PUT", "/internal/ownership", back),
+        "retake": Call(step, move.source, "PUT", "/internal/ownership", back),
         "forget": Call(step, move.target, "DELETE", base),
     }
     return calls[step]
@@ -304,7 +310,9 @@ def _after(
             why = f"{call.step} on ordinal {call.on}: {answer.describe()}"
             return _fail(status, now, why), "done"
         return {**status, "lastError": f"{call.step}: {answer.describe()}"}, "retry"
-    if call.step in ("return", "withdraw", "forget"):
+    if call.step == "retake" and move.partition not in answer.body.get("serving", []):
+        return {**status, "lastError": "retake: the source does not serve it yet"}, "retry"
+    if call.step in ROLLBACK_STEPS:
         return _rolled(status, now)
     return _SUCCEEDED[call.step](move, status, policy, now, answer.body)
 
@@ -362,7 +370,7 @@ def _released(
 
 
 def _rolled(status: dict[str, Any], now: float) -> tuple[dict[str, Any], Outcome]:
-    """One rollback step done: return (source), withdraw (target), forget (target)."""
+    """One rollback step done (`ROLLBACK_STEPS`)."""
     step = int(status.get("rollbackStep", 0)) + 1
     if step < len(ROLLBACK_STEPS):
         return {**status, "rollbackStep": step}, "next"
