@@ -202,6 +202,8 @@ def test_configuration_reaches_the_pods() -> None:
         {"ingress": {"enabled": True, "replicas": 1, "resources": {"limits": {"gpu": 1}}}},
         {"kafka": {"bootstrapServers": "k:9092", "tls": {"ca": "x"}}},
         {"operator": {"enabled": True, "approval": "Sometimes"}},
+        {"operator": {"enabled": True, "moveTimeoutSeconds": 1}},
+        {"operator": {"enabled": True, "moveKeepSeconds": -1}},
         {"redis": {"url": "redis://user:secret@redis:6379/0"}},
         {"podDisruptionBudget": {"enabled": True, "minAvailable": 1}},
     ],
@@ -460,7 +462,16 @@ def test_the_operator_takes_over_dumps_and_gets_its_rbac_and_objects() -> None:
         "resourceNames": ["relay-admin"],
         "verbs": ["get"],
     }
+    # Partition moves call each pool instance at its Pod's IP: pods are read, never written.
+    pods = next(r for r in role["rules"] if r["resources"] == ["pods"])
+    assert pods == {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}
     cluster = next(d for d in documents if d["kind"] == "RelayCluster")
+    assert (
+        cluster["spec"]["moveBudgetSeconds"],
+        cluster["spec"]["moveTimeoutSeconds"],
+        cluster["spec"]["moveKeepSeconds"],
+        cluster["spec"]["approval"],
+    ) == (2, 300, 60, "Manual")
     assert cluster["spec"]["adminUrl"] == "http://r1-relay-ingress.relay.svc:8080"
     assert (cluster["spec"]["adminSecret"], cluster["spec"]["adminSecretKey"]) == (
         "relay-admin",

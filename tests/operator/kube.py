@@ -378,6 +378,17 @@ class Served:
 
         return asyncio.run_coroutine_threadsafe(run(), self.loop).result(timeout=30)
 
+    def delete(self, doc_path: str) -> None:
+        """DELETE the object at `doc_path` (gone already: nothing to do)."""
+
+        async def run() -> None:
+            response = await self.api.delete(doc_path)
+            if response.status >= 300 and response.status != 404:
+                body = await response.json()
+                raise ApiError(response.status, body.get("message", ""))
+
+        asyncio.run_coroutine_threadsafe(run(), self.loop).result(timeout=30)
+
     def _plural(self, doc: dict[str, Any]) -> str:
         """The plural of `doc`'s kind (called on the server's loop)."""
         for resource in self.api.resources:

@@ -1,6 +1,7 @@
-"""`kopf run` of the operator against the test API server: pools adopt their StatefulSet, a scale
-is planned and blocked (moves do not run yet), a direct StatefulSet edit is put back, and the
-operator's Kubernetes calls survive injected 409 and 500 answers."""
+"""`kopf run` of the operator against the test API server: pools adopt their StatefulSet, a
+retainer pool's scale is planned and blocked (its hand-off is not built; the queue-writer's runs,
+tests/operator/test_scale.py), a direct StatefulSet edit is put back, and the operator's
+Kubernetes calls survive injected 409 and 500 answers."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ from tests.operator.conftest import NAMESPACE, Operator, wait_for
 STS = "r1-relay-queue-writer"
 STS_PATH = f"/apis/apps/v1/namespaces/{NAMESPACE}/statefulsets/{STS}"
 POOL_PATH = f"/apis/relay.dev/v1alpha1/namespaces/{NAMESPACE}/relaypools/queue-writer"
+RETAINER_PATH = f"/apis/relay.dev/v1alpha1/namespaces/{NAMESPACE}/relaypools/retainer"
 
 
-def install(api: kube.Served, replicas: int = 2) -> None:
+def install(api: kube.Served, replicas: int = 2, service: str = "queue-writer") -> None:
     """What the chart installs for one pool (the Kubernetes side only: no Relay runs)."""
     api.create(
         {
@@ -35,13 +37,13 @@ def install(api: kube.Served, replicas: int = 2) -> None:
             "apiVersion": "apps/v1",
             "kind": "StatefulSet",
             "metadata": {
-                "name": STS,
+                "name": f"r1-relay-{service}",
                 "namespace": NAMESPACE,
                 "labels": {"app.kubernetes.io/name": "relay"},
             },
             "spec": {
                 "replicas": replicas,
-                "selector": {"matchLabels": {"app.kubernetes.io/component": "queue-writer"}},
+                "selector": {"matchLabels": {"app.kubernetes.io/component": service}},
             },
             "status": {"readyReplicas": replicas},
         }
@@ -50,14 +52,18 @@ def install(api: kube.Served, replicas: int = 2) -> None:
         {
             "apiVersion": "relay.dev/v1alpha1",
             "kind": "RelayPool",
-            "metadata": {"name": "queue-writer", "namespace": NAMESPACE},
-            "spec": {"service": "queue-writer", "statefulSet": STS, "replicas": replicas},
+            "metadata": {"name": service, "namespace": NAMESPACE},
+            "spec": {
+                "service": service,
+                "statefulSet": f"r1-relay-{service}",
+                "replicas": replicas,
+            },
         }
     )
 
 
-def pool_status(api: kube.Served) -> dict[str, Any]:
-    found = api.get("relaypools", NAMESPACE, "queue-writer") or {}
+def pool_status(api: kube.Served, pool: str = "queue-writer") -> dict[str, Any]:
+    found = api.get("relaypools", NAMESPACE, pool) or {}
     return dict(found.get("status") or {})
 
 
@@ -65,27 +71,29 @@ def condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
     return next((c for c in status.get("conditions", []) if c["type"] == type_), {})
 
 
-def test_a_scale_is_planned_and_blocked_and_the_statefulset_stays(
+def test_a_retainer_scale_is_planned_and_blocked_and_the_statefulset_stays(
     api: kube.Served, operator: Callable[..., Operator]
 ) -> None:
-    install(api)
+    install(api, service="retainer")
     op = operator()
-    adopted = wait_for("the pool's adoption", lambda: pool_status(api).get("replicas"), operator=op)
+    adopted = wait_for(
+        "the pool's adoption", lambda: pool_status(api, "retainer").get("replicas"), operator=op
+    )
     assert adopted == 2
-    status = pool_status(api)
+    status = pool_status(api, "retainer")
     assert status["assignment"] == [0, 1, 0, 1, 0, 1, 0, 1]
-    assert status["selector"] == "app.kubernetes.io/component=queue-writer"
+    assert status["selector"] == "app.kubernetes.io/component=retainer"
     assert condition(status, "ScaleBlocked")["status"] == "False"
 
-    api.patch(POOL_PATH, {"spec": {"replicas": 3}})
+    api.patch(RETAINER_PATH, {"spec": {"replicas": 3}})
     blocked = wait_for(
         "ScaleBlocked",
-        lambda: condition(pool_status(api), "ScaleBlocked").get("status") == "True",
+        lambda: condition(pool_status(api, "retainer"), "ScaleBlocked").get("status") == "True",
         operator=op,
     )
     assert blocked
-    message = condition(pool_status(api), "ScaleBlocked")["message"]
-    assert "not implemented" in message
+    message = condition(pool_status(api, "retainer"), "ScaleBlocked")["message"]
+    assert "the retainer's partition hand-off is not implemented" in message
     moves = wait_for("the planned moves", lambda: api.items("relaypartitionmoves"), operator=op)
     # 8 partitions over 3: the two new-ordinal partitions come from the fullest owners.
     specs = sorted((m["spec"]["partition"], m["spec"]["fromOrdinal"]) for m in moves)
@@ -100,8 +108,8 @@ def test_a_scale_is_planned_and_blocked_and_the_statefulset_stays(
         operator=op,
     )
     # Nothing ran: the StatefulSet and the owners in force are as before.
-    assert api.get("statefulsets", NAMESPACE, STS)["spec"]["replicas"] == 2
-    assert pool_status(api)["replicas"] == 2
+    assert api.get("statefulsets", NAMESPACE, "r1-relay-retainer")["spec"]["replicas"] == 2
+    assert pool_status(api, "retainer")["replicas"] == 2
     assert api.sent("PATCH", "statefulsets") == []
     cluster = wait_for(
         "ScaleBlocked on the RelayCluster",
@@ -124,7 +132,7 @@ def test_a_scale_is_planned_and_blocked_and_the_statefulset_stays(
     assert cluster_condition("Migrating")["status"] == "False"
 
     # Asking for 4 instead replaces the plan: the moves for 3 that no longer fit are dropped.
-    api.patch(POOL_PATH, {"spec": {"replicas": 4}})
+    api.patch(RETAINER_PATH, {"spec": {"replicas": 4}})
     wait_for(
         "the plan for 4",
         lambda: (
@@ -136,10 +144,10 @@ def test_a_scale_is_planned_and_blocked_and_the_statefulset_stays(
         ),
         operator=op,
     )
-    api.patch(POOL_PATH, {"spec": {"replicas": 2}})
+    api.patch(RETAINER_PATH, {"spec": {"replicas": 2}})
     wait_for(
         "ScaleBlocked cleared",
-        lambda: condition(pool_status(api), "ScaleBlocked").get("status") == "False",
+        lambda: condition(pool_status(api, "retainer"), "ScaleBlocked").get("status") == "False",
         operator=op,
     )
     wait_for("the plan withdrawn", lambda: api.items("relaypartitionmoves") == [], operator=op)

@@ -194,12 +194,54 @@ def test_a_pool_adopts_nothing_from_conflicting_or_foreign_reports() -> None:
             pools.adopted(4, 2, reported)
 
 
-def test_the_blocked_message_says_moves_do_not_run() -> None:
+def test_the_blocked_message_says_the_retainers_moves_do_not_run() -> None:
     moves = pools.plan(pools.initial(4, 2), 3)
-    text = pools.blocked_message("queue-writer", 2, 3, moves)
-    assert "not implemented" in text
+    text = pools.blocked_message("retainer", 2, 3, moves)
+    assert "the retainer's partition hand-off is not implemented" in text
     assert "stays at 2" in text
     assert pools.move_name("qw", 3, moves[0]) == f"qw-g3-p{moves[0].partition}"
+
+
+@given(partitions=st.integers(1, 32), start=st.integers(1, 8), wanted=st.integers(1, 8))
+def test_a_schedule_runs_a_scale_up_in_partition_order_and_a_scale_down_from_the_top(
+    partitions: int, start: int, wanted: int
+) -> None:
+    before = pools.initial(partitions, start)
+    moves = pools.plan(before, wanted)
+    scheduled = pools.schedule(5, moves, shrinking=wanted < start)
+    generations = [g for g, _ in scheduled]
+    # One generation per move and one free after each (its rollback's): none shared.
+    assert generations == [5 + 2 * i + 1 for i in range(len(moves))]
+    assert sorted((m for _, m in scheduled), key=lambda m: m.partition) == moves
+    order = [m for _, m in scheduled]
+    if wanted < start:
+        assert [m.source for m in order] == sorted((m.source for m in order), reverse=True)
+    else:
+        assert [m.partition for m in order] == sorted(m.partition for m in order)
+    # Applied one at a time in this order, every step is a valid assignment.
+    owners = list(before)
+    for _, move in scheduled:
+        owners = pools.apply(owners, [move])
+    assert owners == pools.apply(before, moves)
+
+
+def test_an_instance_is_addressed_at_its_ready_pods_ip_only() -> None:
+    def pod(ip: str | None, ready: str, deleting: bool = False) -> dict[str, Any]:
+        meta = {
+            "name": "qw-1",
+            **({"deletionTimestamp": "2026-01-01T00:00:00Z"} if deleting else {}),
+        }
+        status: dict[str, Any] = {"conditions": [{"type": "Ready", "status": ready}]}
+        if ip:
+            status["podIP"] = ip
+        return {"metadata": meta, "status": status}
+
+    assert pools.address(pod("10.1.2.3", "True"), 8080) == "http://10.1.2.3:8080"
+    assert pools.address(pod("fd00::5", "True"), 81) == "http://[fd00::5]:81"
+    assert pools.address(pod("10.1.2.3", "False"), 8080) is None
+    assert pools.address(pod(None, "True"), 8080) is None
+    assert pools.address(pod("10.1.2.3", "True", deleting=True), 8080) is None
+    assert pools.address({}, 8080) is None
 
 
 def test_a_statefulset_is_restored_only_when_it_differs_from_the_owners_in_force() -> None:
@@ -296,6 +338,12 @@ def test_ready_means_every_pool_adopted_and_all_its_owners_ready() -> None:
     assert pools.readiness(states[:1]).status == "True"
     assert pools.readiness([{"pool": "p", "held": None, "ready": None}]).status == "False"
     assert pools.migrating().status == "False"
+    running = pools.migrating("qw-g2-p1: p1 0->1")
+    assert (running.status, running.reason, running.message) == (
+        "True",
+        "MoveRunning",
+        "qw-g2-p1: p1 0->1",
+    )
 
 
 def test_only_planned_moves_outside_the_current_plan_are_superseded() -> None:

@@ -177,3 +177,18 @@ def test_an_instance_only_ever_moves_to_newer_generations(offers: list[Assignmen
             assert current is not None
             assert offered != current
             assert offered.generation <= current.generation
+
+
+def test_partitions_gained_while_down_are_withheld_until_an_install() -> None:
+    # The hand-off's target restarted after the source's pause: its record says generation 1
+    # (partition 2 on ordinal 0), the source's publication generation 2 (partition 2 on 1).
+    recorded = Assignment(1, 2, (0, 0, 0, 0))
+    published = Assignment(2, 2, (0, 0, 1, 0))
+    assert assignment.gained_while_down(1, recorded, published) == [2]
+    assert assignment.gained_while_down(0, recorded, published) == []  # it loses, gains none
+    # No record (a new or emptied volume), or nothing newer: nothing withheld.
+    assert assignment.gained_while_down(1, None, published) == []
+    assert assignment.gained_while_down(1, published, published) == []
+    # What its own record gave it already is not "gained".
+    kept = Assignment(3, 2, (0, 0, 1, 1))
+    assert assignment.gained_while_down(1, published, kept) == [3]

@@ -176,10 +176,12 @@ def move(
 @dataclass
 class Load:
     """SEND commands for `LOAD_QUEUES` queues on one partition, in turn, one every
-    `SEND_INTERVAL_S` until stopped (or `PER_QUEUE` sends each: below the quota of 128
+    `interval_s` until stopped (or `per_queue` sends each: below the quota of 128
     messages a queue), each with its own body (its rank); replies read from the inbox by id."""
 
     kafka: helpers.Kafka
+    interval_s: float = SEND_INTERVAL_S
+    per_queue: int = PER_QUEUE
     origin: str = field(default_factory=lambda: f"handoff-{uuid.uuid4().hex[:8]}")
     queues: list[tuple[str, str]] = field(default_factory=list)
     """(recipient id, sender id) of each queue."""
@@ -241,7 +243,7 @@ class Load:
                 assert self.replies[create.id].status == 201, self.replies[create.id]
             self.created.set()
             rank = 0
-            while not self.stop.is_set() and rank < LOAD_QUEUES * PER_QUEUE:
+            while not self.stop.is_set() and rank < LOAD_QUEUES * self.per_queue:
                 queue, sender = self.queues[rank % LOAD_QUEUES]
                 body = f"m{rank:06d}"
                 send = schemas.SendMessage(
@@ -253,7 +255,7 @@ class Load:
                 await producer.send_and_wait(commands, schemas.encode(send), partition=partition)
                 self.sent.append((send.id, queue, body))
                 rank += 1
-                await asyncio.sleep(SEND_INTERVAL_S)
+                await asyncio.sleep(self.interval_s)
             deadline = time.monotonic() + 60
             while any(i not in self.replies for i, _, _ in self.sent):
                 assert time.monotonic() < deadline, "replies missing"

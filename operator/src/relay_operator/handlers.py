@@ -8,13 +8,18 @@ outcome into the object's status through kopf's `patch`. No rule lives here.
 Handlers and what they keep true:
 - RelayCluster timer (`dumps`): a dump runs only when `dumps.is_due` says so from the status (and
   from the last attempt this process made, which covers the moment between its status patch
-  and the watch event that brings it back); ScaleBlocked and Ready summarize the namespace's
-  pools, Migrating is False (no move runs yet).
+  and the watch event that brings it back); ScaleBlocked, Migrating and Ready summarize the
+  namespace's pools.
 - RelayPool create/resume/replicas change (`pool`): adopts the StatefulSet's count as the
-  owners in force, and a change of `spec.replicas` is planned (RelayPartitionMoves in Planned)
-  and flagged ScaleBlocked: moves do not run yet, the StatefulSet is not touched.
-- StatefulSet events (`statefulset`): a pool's StatefulSet is put back to the pool's owners in
-  force when edited directly; its ready count is copied to the pool.
+  owners in force, with the newest assignment its pods report (`scaling.adopt`). For a
+  retainer pool a change of `spec.replicas` is planned (RelayPartitionMoves in Planned) and
+  flagged ScaleBlocked: the retainer's hand-off is not built, its StatefulSet is not touched.
+- RelayPool timer of a queue-writer pool (`pool_scale`): `scaling.Scaler.tick` carries out
+  a change of `spec.replicas` (StatefulSet, moves one at a time, status), from the resources
+  alone, so a restarted operator resumes where the last one stopped.
+- StatefulSet events (`statefulset`): a pool's StatefulSet is put back to the count the
+  operator set (`status.statefulSetReplicas`) when edited directly; its ready count is copied
+  to the pool.
 - RelayDsStorage create/resume/spec change and timer (`ds_storage`): the target is PUT to
   `/ds/storages/{ds}/replicas`; a 400 becomes Reconciled=False with Relay's message.
 """
@@ -27,11 +32,24 @@ from typing import Any
 
 import kopf
 
-from relay_operator import backoff, conditions, dsreplicas, dumps, kube, pools, relay, times
+from relay_operator import (
+    backoff,
+    conditions,
+    dsreplicas,
+    dumps,
+    kube,
+    pools,
+    relay,
+    scaling,
+    times,
+)
 from relay_operator.settings import OperatorSettings
 
 GROUP, VERSION = "relay.dev", "v1alpha1"
 TICK_S = 1.0
+SCALE_TICK_S = 1.0
+"""How often a queue-writer pool's timer looks at its scale (a tick with nothing to do reads
+the pool, its moves and, mid-scale, its pods; it writes nothing)."""
 """How often a RelayCluster's timer looks at its status for a due dump (cheap: no call unless
 due). kopf fixes timer intervals when handlers are registered, so this is not a setting."""
 DS_REFRESH_S = 30.0
@@ -92,16 +110,22 @@ def clusters(namespace: str | None, spec: kopf.Spec, **_: Any) -> dict[str | Non
 def pool_states(
     namespace: str | None, name: str, spec: kopf.Spec, status: kopf.Status, **_: Any
 ) -> dict[tuple[str | None, str], dict[str, Any]]:
-    """Per (namespace, StatefulSet): the pool's name, owners in force, ready count, and its
-    ScaleBlocked condition."""
+    """Per (namespace, StatefulSet): the pool's name, owners in force, the StatefulSet count
+    the operator set, ready count, and its ScaleBlocked and Migrating conditions."""
     blocked = conditions.find(status.get("conditions"), pools.SCALE_BLOCKED) or {}
+    migrating = conditions.find(status.get("conditions"), pools.MIGRATING) or {}
+    held = status.get("replicas")
     return {
         (namespace, spec["statefulSet"]): {
             "pool": name,
-            "held": status.get("replicas"),
+            "held": held,
+            "sts": status.get("statefulSetReplicas", held),
             "ready": status.get("readyReplicas"),
             "blocked": blocked.get("status") == "True",
             "message": blocked.get("message", ""),
+            "migrating": migrating.get("message", "")
+            if migrating.get("status") == "True"
+            else None,
         }
     }
 
@@ -111,6 +135,12 @@ async def _admin(
 ) -> relay.RelayAdmin:
     """A client of Relay's admin API with the token of `spec.adminSecret`; `relay.Unreachable`
     when the Secret cannot be read or has no token (the caller reports it like a silent Relay)."""
+    token = await _token(memo, namespace, cluster)
+    return relay.RelayAdmin(cluster["adminUrl"], token, memo.config.request_timeout_s)
+
+
+async def _token(memo: kopf.Memo, namespace: str | None, cluster: dict[str, Any]) -> str:
+    """The admin token (`spec.adminSecret`'s key `adminSecretKey`), or `relay.Unreachable`."""
     name = cluster["adminSecret"]
     try:
         secret = await memo.kube.get(kube.path("", "v1", "secrets", _ns(namespace), name))
@@ -120,7 +150,7 @@ async def _admin(
     token = base64.b64decode(secret.get("data", {}).get(key, "")).decode().strip()
     if not token:
         raise relay.Unreachable(f"admin Secret {name} has no key {key}")
-    return relay.RelayAdmin(cluster["adminUrl"], token, memo.config.request_timeout_s)
+    return token
 
 
 def _ns(namespace: str | None) -> str:
@@ -159,9 +189,10 @@ async def dump_timer(
     scale = conditions.Condition(
         pools.SCALE_BLOCKED,
         "True" if blocked else "False",
-        "MovesNotImplemented" if blocked else "NoPendingScale",
-        "; ".join(blocked) or "every pool runs at its asked size",
+        "PoolBlocked" if blocked else "NoBlockedScale",
+        "; ".join(blocked) or "no pool's scale is blocked",
     )
+    moving = [f"{s['pool']}: {s['migrating']}" for s in states if s.get("migrating")]
     policy = dumps.Policy(
         float(spec.get("dumpIntervalSeconds", 3600)),
         float(spec.get("dumpTimeoutSeconds", 120)),
@@ -173,7 +204,7 @@ async def dump_timer(
     if last is not None and _attempted(last) > _attempted(record):
         record = last
     now = time.time()
-    health = (scale, pools.readiness(states), pools.migrating())
+    health = (scale, pools.readiness(states), pools.migrating("; ".join(moving) or None))
     if not dumps.is_due(record, policy, now):
         _set(patch, status, *health)
         return
@@ -227,17 +258,38 @@ async def _reconcile_pool(
     generation = int(status.get("generation") or 1)
     assignment = list(status.get("assignment") or [])
     if held is None:
-        # Adoption: the StatefulSet's pods own their partitions by today's rule.
+        # Adoption: the StatefulSet's pods own what the newest generation they report says
+        # (`p mod n`, generation 1, when none answers).
         held = int(statefulset["spec"].get("replicas", 1))
-        assignment = pools.initial(int(cluster["partitions"]), held)
+        try:
+            token = await _token(memo, namespace, cluster)
+        except relay.Unreachable:
+            token = ""
+        async with relay.Instances(token) as instances:
+            try:
+                generation, assignment = await scaling.adopt(
+                    memo.kube,
+                    instances,
+                    _ns(namespace),
+                    spec["statefulSet"],
+                    held,
+                    int(cluster["partitions"]),
+                    int(spec.get("port", 8080)),
+                    memo.config.request_timeout_s,
+                )
+            except ValueError as error:
+                raise kopf.TemporaryError(f"adoption: {error}", delay=15) from error
         labels = statefulset["spec"]["selector"]["matchLabels"]
         patch.status.update(
             replicas=held,
+            statefulSetReplicas=held,
             generation=generation,
             assignment=assignment,
             readyReplicas=int(statefulset.get("status", {}).get("readyReplicas", 0)),
             selector=",".join(f"{k}={v}" for k, v in sorted(labels.items())),
         )
+    if spec["service"] == "queue-writer":
+        return  # its scale is carried out by `pool_scale`
     wanted = int(spec["replicas"])
     moves = pools.plan(assignment, wanted) if wanted != held else []
     planned = {
@@ -296,7 +348,12 @@ async def _plan_move(
     if created is not None:
         await memo.kube.patch(
             kube.path(GROUP, VERSION, "relaypartitionmoves", namespace, name, "status"),
-            {"status": {"phase": "Planned", "message": "waiting: partition moves do not run yet"}},
+            {
+                "status": {
+                    "phase": "Planned",
+                    "message": "waiting: the retainer's partition hand-off is not implemented",
+                }
+            },
         )
 
 
@@ -317,6 +374,36 @@ async def pool(
     await _reconcile_pool(name, namespace, uid, spec, status, patch, memo, clusters)
 
 
+@kopf.timer(
+    GROUP,
+    VERSION,
+    "relaypools",
+    interval=SCALE_TICK_S,
+    when=lambda spec, **_: spec.get("service") == "queue-writer",
+)
+async def pool_scale(
+    name: str,
+    namespace: str | None,
+    memo: kopf.Memo,
+    **kwargs: Any,
+) -> None:
+    """One tick of a queue-writer pool's scale (`scaling.Scaler.tick`)."""
+    clusters: ClusterIndex = kwargs["clusters"]
+    cluster = next(iter(clusters.get(namespace, [])), None)
+    if cluster is None:
+        return
+    try:
+        token = await _token(memo, namespace, cluster)
+    except relay.Unreachable as error:
+        raise kopf.TemporaryError(str(error), delay=10) from error
+    async with relay.Instances(token) as instances:
+        scaler = scaling.Scaler(memo.kube, instances, _ns(namespace), cluster, memo.config)
+        try:
+            await scaler.tick(name)
+        except kube.KubeError as error:  # retried with backoff already: look again soon
+            raise kopf.TemporaryError(f"pool {name}: {error}", delay=2) from error
+
+
 # --- StatefulSets of pools: direct edits are put back ------------------------------------
 
 
@@ -335,7 +422,7 @@ async def statefulset(
         return
     for state in pool_states.get((namespace, name), []):
         actual = body.get("spec", {}).get("replicas")
-        restore = pools.restore_replicas(state["held"], actual)
+        restore = pools.restore_replicas(state["sts"], actual)
         if restore is not None:
             logger.warning(
                 f"StatefulSet {name} was set to {actual} replicas directly; put back to "

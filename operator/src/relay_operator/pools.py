@@ -96,14 +96,37 @@ def apply(assignment: list[int], moves: list[Move]) -> list[int]:
 
 
 def blocked_message(service: str, held: int, wanted: int, moves: list[Move]) -> str:
-    """ScaleBlocked's message while moves cannot run: says so, and what the scale would take."""
+    """ScaleBlocked's message for a pool whose moves cannot run (the retainer's hand-off is not
+    built): says so, and what the scale would take."""
     return (
         f"{service}: {held} -> {wanted} instances needs {len(moves)} partition move(s) "
         f"({', '.join(f'p{m.partition} {m.source}->{m.target}' for m in moves)}); "
-        "partition moves are not implemented yet, so the StatefulSet stays at "
-        f"{held} and no partition changes owner (the moves are recorded as Planned "
-        f"RelayPartitionMoves; set spec.replicas back to {held} to clear this)"
+        f"the {service}'s partition hand-off is not implemented yet (only the queue-writer's "
+        f"is), so the StatefulSet stays at {held} and no partition changes owner (the moves "
+        f"are recorded as Planned RelayPartitionMoves; set spec.replicas back to {held} to "
+        "clear this)"
     )
+
+
+def schedule(generation: int, moves: list[Move], shrinking: bool) -> list[tuple[int, Move]]:
+    """The moves of one plan in the order they run, each with its generation: scale up in
+    partition order; scale down empties the highest ordinal first. Move i gets generation
+    `generation + 2i + 1`; `generation + 2i + 2` stays free for its rollback (one newer,
+    giving the partition back), so no two installs of a plan share a generation."""
+    key = (lambda m: (-m.source, m.partition)) if shrinking else (lambda m: m.partition)
+    return [(generation + 2 * i + 1, m) for i, m in enumerate(sorted(moves, key=key))]
+
+
+def address(pod: dict[str, Any], port: int) -> str | None:
+    """The URL of a pool instance from its Pod: `http://<status.podIP>:<port>` when the Pod is
+    Ready and has an IP, else None (it cannot take part in a move yet)."""
+    status = pod.get("status") or {}
+    ip = status.get("podIP")
+    ready = conditions.find(status.get("conditions"), "Ready") or {}
+    if not ip or ready.get("status") != "True" or pod.get("metadata", {}).get("deletionTimestamp"):
+        return None
+    host = f"[{ip}]" if ":" in ip else ip
+    return f"http://{host}:{port}"
 
 
 def move_name(pool: str, generation: int, move: Move) -> str:
@@ -158,8 +181,8 @@ def readiness(states: list[dict[str, Any]]) -> conditions.Condition:
     return conditions.Condition(READY, "True", "OwnersReady", "every pool's owners are ready")
 
 
-def migrating() -> conditions.Condition:
-    """Migrating: no move ever runs yet (the hand-off is not built), so it is always False."""
-    return conditions.Condition(
-        MIGRATING, "False", "MovesNotImplemented", "no partition move runs: moves are not built yet"
-    )
+def migrating(active: str | None = None, reason: str = "MoveRunning") -> conditions.Condition:
+    """Migrating: True while a scale runs its moves (`active` says what it does now)."""
+    if active is None:
+        return conditions.Condition(MIGRATING, "False", "Idle", "no partition move runs")
+    return conditions.Condition(MIGRATING, "True", reason, active)

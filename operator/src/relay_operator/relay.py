@@ -1,8 +1,10 @@
-"""Calls to Relay's admin API (the ingress's `/admin` and `/ds`), with the admin token.
+"""Calls to Relay, with the admin token: its admin API (the ingress's `/admin` and `/ds`,
+`RelayAdmin`) and the internal routes of a pool's instances (`Instances`).
 
-Invariant: a call returns Relay's answer (status and JSON body) whatever its status; only the
-absence of an answer (connection refused, timeout) is raised, as `Unreachable`, so the caller
-decides what each status means (the rules are in `dumps` and `dsreplicas`).
+Invariant: a call returns Relay's answer (status and JSON body) whatever its status, so the
+caller decides what each status means (the rules are in `dumps`, `dsreplicas` and `moves`); the
+absence of an answer (connection refused, timeout) is raised as `Unreachable` by `RelayAdmin`
+and answered as status None by `Instances`.
 """
 
 from __future__ import annotations
@@ -60,3 +62,40 @@ class RelayAdmin:
         except ValueError:
             body = {"detail": response.text[:500]}
         return response.status_code, body if isinstance(body, dict) else {"result": body}
+
+
+class Instances:
+    """Calls to the instances of a pool (queue-writer or retainer pods), at their internal
+    routes (`/internal/ownership`, `/internal/partitions/...`), with the admin token.
+
+    Unlike `RelayAdmin`, no answer is not raised: it comes back as status None with the reason,
+    because for a partition move "no answer" is an answer the move's rules decide on."""
+
+    def __init__(self, token: str) -> None:
+        self._client = httpx.AsyncClient(headers={"Authorization": f"Bearer {token}"})
+
+    async def __aenter__(self) -> Instances:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self._client.aclose()
+
+    async def call(
+        self,
+        url: str,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None,
+        timeout_s: float,
+    ) -> tuple[int | None, dict[str, Any]]:
+        try:
+            response = await self._client.request(
+                method, f"{url.rstrip('/')}{path}", json=body, timeout=timeout_s
+            )
+        except httpx.HTTPError as error:
+            return None, {"detail": f"{method} {url}{path}: {error!r}"}
+        try:
+            answer = response.json()
+        except ValueError:
+            answer = {"detail": response.text[:500]}
+        return response.status_code, answer if isinstance(answer, dict) else {"result": answer}

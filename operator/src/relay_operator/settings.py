@@ -20,3 +20,6 @@ class OperatorSettings(BaseSettings):
     peering_lifetime_s: int = 60
     """How long this operator's entry in the KopfPeering lives without renewal: a replica that
     died without cleaning up holds the others paused for at most this long."""
+    prefetch_timeout_s: float = 120.0
+    """Timeout of a move's prefetch call (the target pulls and installs the whole partition;
+    the calls within the pause are bounded by the move budget instead)."""

@@ -13,6 +13,11 @@ Invariants:
   returned: no record of them is handled any more) before the new assignment is recorded,
   published or acknowledged; it is recorded on disk before it is published, and published
   before any partition it adds is served;
+- a partition the instance gained while it was down (the newest generation at start comes
+  from another instance's publication and gives it a partition its own record did not,
+  `assignment.gained_while_down`) is not served until an install tells it (decision 0020: a
+  hand-off's target restarted before its commit would otherwise serve from its prefetched
+  copy);
 - installs run one at a time;
 - what the instance accepted stays published: checked every `KEEP_INTERVAL_S` and published
   again when missing (a broker that lost its log), since the fence takes an instance with
@@ -72,6 +77,8 @@ class Ownership:
         self.serve = serve
         self.accepted: assignment.Assignment | None = None
         self.serving: list[int] = []
+        self.withheld: list[int] = []
+        """Gained while down: owned but not served until an install (see the invariants)."""
         self._lock = asyncio.Lock()
         self._keeper: asyncio.Task[None] | None = None
 
@@ -121,6 +128,11 @@ class Ownership:
                     exits.EXIT_UNAVAILABLE,
                 )
             await asyncio.sleep(WAIT_POLL_S)
+        self.withheld = assignment.gained_while_down(self.ordinal, recorded, newest)
+        if self.withheld:
+            log.warning(
+                "ownership_withheld", partitions=self.withheld, generation=newest.generation
+            )
         if prepare is not None:
             await prepare(newest)
         await self._accept(newest)
@@ -144,6 +156,7 @@ class Ownership:
                     "CONFLICTING_ASSIGNMENT",
                     f"generation {offered.generation} is in force with another assignment",
                 )
+            self.withheld = []  # told: what it owns is its to serve
             await self._accept(offered)
             return self.state()
 
@@ -161,7 +174,11 @@ class Ownership:
         self.accepted = offered
         await self.log.publish(self.ordinal, offered)
         published = await self.log.read(self.partitions)
-        serving = assignment.serving(self.ordinal, offered, published)
+        serving = [
+            p
+            for p in assignment.serving(self.ordinal, offered, published)
+            if p not in self.withheld
+        ]
         if serving != self.serving:
             await self.serve(serving)
             self.serving = serving
@@ -185,6 +202,7 @@ class Ownership:
             "owned": owned,
             "serving": list(self.serving),
             "pending": [p for p in owned if p not in self.serving],
+            "withheld": list(self.withheld),
             "owns_nothing": not owned,
         }
 

@@ -170,3 +170,15 @@ def serving(ordinal: int, accepted: Assignment, published: Mapping[int, Assignme
         if theirs != accepted:
             blocked.update(theirs.owned(other))
     return [p for p in accepted.owned(ordinal) if p not in blocked]
+
+
+def gained_while_down(ordinal: int, recorded: Assignment | None, newest: Assignment) -> list[int]:
+    """The partitions an instance starting with `newest` (taken from another instance's
+    publication) would take up though its own record (`recorded`, older) did not give them to
+    it: it was told nothing, so it has not been brought up to date for them (a hand-off's
+    target restarted between the source's pause and its own commit would serve the partition
+    from its prefetched copy). They are withheld until an install tells it. An instance with
+    no record (a new or emptied volume) withholds nothing."""
+    if recorded is None or newest.generation <= recorded.generation:
+        return []
+    return [p for p in newest.owned(ordinal) if recorded.owners[p] != ordinal]
