@@ -146,7 +146,7 @@ def build(config: RetainerSettings) -> tuple[FastAPI, BusLifecycle]:
         bus,
         config.startup_timeout_s,
         before_start=(open_data_dir,),
-        after_start=(take_ownership,),
+        after_start=(take_ownership, exports.warm),
         drain=(
             exports.close,
             ds.drain,

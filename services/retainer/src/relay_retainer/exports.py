@@ -42,6 +42,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
+from multiprocessing import forkserver
 from pathlib import Path
 from typing import Any, Literal
 
@@ -85,6 +86,7 @@ class RetainerExports:
         """Partition → the offset after the last record the consumer handed over."""
         self._arrived: OrderedDict[str, tuple[set[int], asyncio.Event]] = OrderedDict()
         self._requests: OncePerId[dict[str, Any]] = OncePerId(REMEMBERED, "export")
+        self._warming: asyncio.Task[None] | None = None
 
     def seen(self, received: Received) -> None:
         """Called by the consumer for every record, before it is handled."""
@@ -179,18 +181,30 @@ class RetainerExports:
     ) -> None:
         await admin_replies.answer(self.bus, request, partition, self.instance, result)
 
+    async def warm(self) -> None:
+        """Start the fork server now, off the event loop, so that the first export neither
+        waits for a fresh interpreter to import its code nor has its writers compete with that
+        start (an export with a short `timeout_s` right after the start timed out on it)."""
+        if self.reader == "process":
+            self._warming = asyncio.create_task(asyncio.to_thread(_start_children))
+
     async def close(self) -> None:
         await self._requests.cancel()
 
 
 def _children() -> multiprocessing.context.BaseContext:
-    """Where export children come from: a fork server (started at the first export, itself a
+    """Where export children come from: a fork server (started once the retainer runs, itself a
     fresh interpreter, not a fork of the retainer) that has imported the export's code, so each
     child is a cheap fork of it rather than a new interpreter importing pyarrow and the rest
     while the writers compete with it for the CPU."""
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload([__name__])
     return context
+
+
+def _start_children() -> None:
+    _children()
+    forkserver.ensure_running()
 
 
 def read_part(
