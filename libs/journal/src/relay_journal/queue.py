@@ -17,10 +17,10 @@ Invariants:
   exactly what the live write did;
 - live appends to the write file are coalesced (one pwrite for up to `UNWRITTEN_LIMIT` bytes of
   records): the log already holds them, and they reach the file before anything reads the file,
-  rotates or closes it, or writes a state line that counts them (a tail table entry carries them
-  instead). Buffering needs no open
-  handle once the write file has been opened (and truncated to its recorded position) in this
-  queue's life: nothing else writes it, so its length stays where the last write left it.
+  rotates or closes it, or writes a state line that counts them (a tail table entry carries
+  them instead). Buffering needs no open handle once the write file has been opened (and
+  truncated to its recorded position) in this queue's life: nothing else writes it, so its
+  length stays where the last write left it.
 """
 
 from __future__ import annotations
