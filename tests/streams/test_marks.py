@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -36,15 +37,28 @@ def test_merging_and_cutting_marks() -> None:
     assert Marks.from_bytes(None, "x") == Marks(False)
 
 
-def _writer(write: object, stop: threading.Event, count: list[int]) -> threading.Thread:
+def _copy_mid_writes(write: Callable[[int], None], copy: Callable[[], None]) -> int:
+    """Run `write(0)`, `write(1)`, ... on a thread; take `copy()` after 50 writes, stop after
+    100 more or less; the number of writes made."""
+    stop, count = threading.Event(), [0]
+
     def run() -> None:
         offset = 0
         while not stop.is_set():
-            write(offset)  # type: ignore[operator]
+            write(offset)
             offset += 1
             count[0] = offset
 
-    return threading.Thread(target=run)
+    writer = threading.Thread(target=run)
+    writer.start()
+    while count[0] < 50:
+        time.sleep(0.001)
+    copy()
+    while count[0] < 100:
+        time.sleep(0.001)
+    stop.set()
+    writer.join()
+    return count[0]
 
 
 def test_a_retained_checkpoint_holds_exactly_the_writes_its_marks_name(tmp_path: Path) -> None:
@@ -61,24 +75,15 @@ def test_a_retained_checkpoint_holds_exactly_the_writes_its_marks_name(tmp_path:
                 [Mark(partition, "e", offset + 1)],
             )
 
-        stop, count = threading.Event(), [0]
-        writer = _writer(write, stop, count)
-        writer.start()
-        while count[0] < 50:
-            time.sleep(0.001)
-        live.checkpoint(tmp_path / "copy")
-        while count[0] < 100:
-            time.sleep(0.001)
-        stop.set()
-        writer.join()
+        written = _copy_mid_writes(write, lambda: live.checkpoint(tmp_path / "copy"))
         with pytest.raises(BadInput):
             live.store_many([Write("x", b"y")], 0, [])
     with RetainedStore(tmp_path / "copy") as copy:
         cut = copy.marks.cut("e", [0, 1])
         held = {m.topic: m.payload for m in copy.match("#", now=0)}
-    assert 50 <= max(cut.values()) < count[0]  # a copy taken mid-writes
+    assert 50 <= max(cut.values()) < written  # a copy taken mid-writes
     expected: dict[str, bytes] = {}
-    for offset in range(count[0]):
+    for offset in range(written):
         partition = offset % 2
         if offset < cut[partition]:
             expected[f"p{partition}/t{offset % 5}"] = b"%d" % offset
@@ -102,16 +107,7 @@ def test_a_stream_checkpoint_holds_exactly_the_writes_each_shards_marks_name(
             mark = Mark(partition, "e", offset + 1)
             live.store_batch("messages", batch, True, [mark, mark])
 
-        stop, count = threading.Event(), [0]
-        writer = _writer(write, stop, count)
-        writer.start()
-        while count[0] < 50:
-            time.sleep(0.001)
-        live.checkpoint(tmp_path / "copy")
-        while count[0] < 100:
-            time.sleep(0.001)
-        stop.set()
-        writer.join()
+        written = _copy_mid_writes(write, lambda: live.checkpoint(tmp_path / "copy"))
     finally:
         live.close()
     copy = StreamStore(tmp_path / "copy", node="n")
@@ -122,13 +118,13 @@ def test_a_stream_checkpoint_holds_exactly_the_writes_each_shards_marks_name(
     finally:
         copy.close()
     expected = []
-    for offset in range(count[0]):
+    for offset in range(written):
         for k in (0, 3):
             topic = f"t/{(offset + k) % 7}"
             if offset < cuts[shard_of(topic, shards)][offset % 2]:
                 expected.append(Message(topic, b"%d" % offset, 1_000 + offset))
     assert held == sorted(expected)
-    assert 0 < len(held) < 2 * count[0]
+    assert 0 < len(held) < 2 * written
 
 
 def test_stores_from_before_marks_open_with_incomplete_marks(tmp_path: Path) -> None:
