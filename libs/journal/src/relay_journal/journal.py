@@ -504,10 +504,11 @@ class QueueJournal:
         entries: list[bytes] = []
         for queue in self._open.values():
             carry = queue.unwritten_bytes <= budget
+            if carry:
+                budget -= queue.unwritten_bytes
             record = queue.tail_record(carry=carry)
             if record is not None:
                 entries.append(record)
-                budget -= queue.unwritten_bytes if carry else 0
         entries.extend(self._tail.values())
         pending = tail.write_pending(self.root, entries)
         self.sent_keys.persist(_now_ms())  # durable by the syncfs, before the WAL is retired
