@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -89,6 +90,30 @@ def test_overlap_is_read_once_and_gaps_are_reported(tmp_path: Path) -> None:
     assert offsets == [*range(15), *range(20, 25)]
     assert scan.coverage[3] == layout.Coverage(0, 24, ((15, 19),), 5)
     assert scan.gaps == {3: ((15, 19),)}
+
+
+def test_partitions_are_deduplicated_apart_and_big_binaries_get_64_bit_offsets(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A scan deduplicates each partition on its own and keeps the topic as chunks, and a
+    binary column at `LARGE_FROM_BYTES` is cast to `large_binary` before rows are taken (a
+    20M-record archive overflowed a binary array's 32-bit offsets: the threshold is lowered
+    here, where the real one would need 2 GiB of records)."""
+    store = LocalStore(tmp_path)
+    other = layout.Slot(SLOT.epoch, SLOT.topic, 5)
+    _write(store, 0, 9)
+    _write(store, 5, 14)
+    _write(store, 0, 3, other)
+    _write(store, 2, 6, other)
+    monkeypatch.setattr(reader, "LARGE_FROM_BYTES", 200)
+    scan = reader.scan(store, "e1", SLOT.topic)
+    assert list(zip(scan.table["partition"].to_pylist(), scan.table["offset"].to_pylist())) == [
+        *((3, o) for o in range(15)),
+        *((5, o) for o in range(7)),
+    ]
+    assert scan.table.column("offset").num_chunks >= 2  # one chunk a partition, at least
+    assert scan.table.schema.field("value").type == pa.large_binary()
+    assert scan.table["value"].to_pylist()[7] == _row(7).value
 
 
 def test_slot_buffer_is_contiguous_and_refuses_going_back(tmp_path: Path) -> None:

@@ -73,8 +73,10 @@ def scan(
     wanted = pa.array(sorted(kinds), pa.string()) if kinds is not None else None
     tables: list[pa.Table] = []
     result = Scan(pa.table({}))
+    schema = rows.SCHEMA.append(pa.field("partition", pa.int32(), nullable=False))
     for slot, files in sorted(by_slot(store.list_files(folder)).items()):
         readable = []
+        partition: list[pa.Table] = []
         for f in files:
             try:
                 table = store.read(f)
@@ -86,27 +88,51 @@ def scan(
             readable.append(f)
             if wanted is not None:
                 table = table.filter(pc.is_in(table["kind"], value_set=wanted))
-            tables.append(
+            partition.append(
                 table.append_column(
                     "partition", pa.array([slot.partition] * table.num_rows, pa.int32())
                 )
             )
+        if partition:
+            tables.append(dedupe(pa.concat_tables(partition)))
         found = layout.coverage(readable)
         if found is not None:
             result.coverage[slot.partition] = found
-    schema = rows.SCHEMA.append(pa.field("partition", pa.int32(), nullable=False))
-    combined = pa.concat_tables(tables) if tables else schema.empty_table()
-    result.table = dedupe(combined)
+    # Deduplicated a partition at a time and kept as chunks: a take or sort over the whole
+    # topic would join every chunk of a column into one array, and binary arrays hold at most
+    # 2 GiB (the 20M-record rebuild benchmark failed there).
+    result.table = pa.concat_tables(tables) if tables else schema.empty_table()
     return result
+
+
+LARGE_FROM_BYTES = 2**31 - 1
+"""A binary column holding this many bytes or more is cast to `large_binary` (64-bit offsets)
+before rows are taken from it: a take joins its chunks into one array."""
 
 
 def dedupe(table: pa.Table) -> pa.Table:
     """One row per (partition, offset), the first seen, sorted by partition and offset."""
     if table.num_rows == 0:
         return table
+    table = _with_large_binaries(table)
     indexed = table.append_column("_row", pa.array(range(table.num_rows), pa.int64()))
     firsts = indexed.group_by(["partition", "offset"], use_threads=False).aggregate(
         [("_row", "min")]
     )
     kept = pc.take(table, firsts["_row_min"])
     return kept.sort_by([("partition", "ascending"), ("offset", "ascending")])
+
+
+def _with_large_binaries(table: pa.Table) -> pa.Table:
+    large = [
+        i
+        for i, field in enumerate(table.schema)
+        if pa.types.is_binary(field.type) and table.column(i).nbytes >= LARGE_FROM_BYTES
+    ]
+    for i in large:
+        table = table.set_column(
+            i,
+            table.schema.field(i).with_type(pa.large_binary()),
+            table.column(i).cast(pa.large_binary()),
+        )
+    return table
