@@ -5,8 +5,11 @@ import json
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from pydantic import TypeAdapter
 
 from relay_bus import schemas, topics
+from relay_ds.info import Description
+from relay_ds.sites import SiteId
 
 _names = st.text(st.characters(codec="utf-8"), max_size=20)
 _times = st.floats(0, 1e13, allow_nan=False)
@@ -129,3 +132,40 @@ def test_a_v2_command_carries_only_its_operations_fields() -> None:
     extra = {**json.loads(schemas.encode(head)), "slot": 1}
     with pytest.raises(schemas.SchemaError, match="invalid 'queue_cmd' v2"):
         schemas.decode(json.dumps(extra).encode())
+
+
+_RETAINER_ANSWERS: list[object] = [
+    schemas.Stored(stored=3),
+    schemas.StreamsFound(streams=[schemas.RankedStream(rank=(4, 1), stream="0.s")]),
+    schemas.IteratorMade(iterator="1.i"),
+    schemas.NextMessages(
+        messages=[schemas.StoredMessage(topic="a/b", payload="eA", ts=5)],
+        iterator="1.j",
+        end_of_stream=False,
+    ),
+    schemas.RetainedMessage(topic="a/b", payload="eA", ts=5, expires_at=None),
+    schemas.RetainedMatch(
+        messages=[schemas.RetainedMessage(topic="a", payload="", ts=0, expires_at=9)], more=True
+    ),
+    schemas.RetainedTopics(messages=[schemas.RetainedTopic(topic="a")], more=False),
+    schemas.RetainedSize(size=2),
+    Description(site=SiteId("0" * 16), node="n", partitions=[0], sites=[], storages=[]),
+]
+
+
+@pytest.mark.parametrize("answer", _RETAINER_ANSWERS, ids=lambda a: type(a).__name__)
+def test_a_retainer_answer_is_read_back_as_its_model_and_no_other(answer: object) -> None:
+    data = TypeAdapter(type(answer)).dump_python(answer, mode="json")
+    reply = schemas.DsReply(
+        id="r", origin="o", partition=0, instance="i", site="s", status=200, data=data
+    )
+    decoded = schemas.decode(schemas.encode(reply))
+    assert isinstance(decoded, schemas.DsReply)
+    assert decoded.answer(type(answer)) == answer
+    assert decoded.model_copy(update={"data": None}).answer(type(answer)) is None
+    others = [a for a in _RETAINER_ANSWERS if type(a) is not type(answer)]
+    for other in others:  # every shape is told from every other
+        with pytest.raises(
+            schemas.SchemaError, match=f"ds_reply data is not a {type(other).__name__}"
+        ):
+            decoded.answer(type(other))

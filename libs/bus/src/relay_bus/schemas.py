@@ -42,7 +42,7 @@ class _Request(_Record):
     id: str
     origin: str
     """Ingress instance that waits for the reply."""
-    reply_slot: int = Field(ge=0)
+    reply_slot: Slot = Field(ge=0)
     """The origin's inbox partition."""
     deadline_ms: float
     """Past this time the origin has given up: whoever holds the request drops it."""
@@ -201,7 +201,10 @@ class QueueCommandV1(_Request):
 
 
 class _Answer(BaseModel):
-    """The body of an accepted queue reply, as API.md shows it to the client."""
+    """The body of an accepted reply (`QueueReply`, `DsReply`), as API.md shows it to the
+    client: the service that answers builds it, the ingress reads it back with the reply's
+    `answer` and answers with it (its response models, but for `Subscribed`), so the shape is
+    stated once."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -234,7 +237,32 @@ class QueueMessage(_Answer):
     quota: bool | None = None
 
 
-AnswerT = TypeVar("AnswerT", bound=_Answer)
+class Subscribed(_Answer):
+    """A SUB accepted: the queue-writer's order of it (`QueueEvent.since`)."""
+
+    since: int = Field(ge=0)
+
+
+AnswerT = TypeVar("AnswerT")
+
+
+_ADAPTERS: dict[type[Any], TypeAdapter[Any]] = {}
+
+
+def _answer(kind: str, data: dict[str, Any] | None, model: type[AnswerT]) -> AnswerT | None:
+    """A reply's body as `model` (an `_Answer`, or a dataclass such as
+    `relay_ds.info.Description`), None when it has none, or `SchemaError` when the service
+    answered in another shape (never a half-read value)."""
+    if data is None:
+        return None
+    adapter = _ADAPTERS.get(model)
+    if adapter is None:
+        adapter = _ADAPTERS[model] = TypeAdapter(model)
+    try:
+        value: AnswerT = adapter.validate_python(data)
+        return value
+    except ValidationError as error:
+        raise SchemaError(f"{kind} data is not a {model.__name__}: {error}") from None
 
 
 class QueueReply(_Record):
@@ -251,12 +279,7 @@ class QueueReply(_Record):
     def answer(self, model: type[AnswerT]) -> AnswerT | None:
         """The body as the model of the command that was asked, or `SchemaError` when the
         queue-writer answered in another shape (never a half-read value)."""
-        if self.data is None:
-            return None
-        try:
-            return model.model_validate(self.data)
-        except ValidationError as error:
-            raise SchemaError(f"queue_reply data is not a {model.__name__}: {error}") from None
+        return _answer(self.kind, self.data, model)
 
 
 class QueueResync(_Record):
@@ -401,8 +424,8 @@ class TopicSubscription(_Record):
     kind: Literal["topic_sub"] = "topic_sub"
     v: Literal[1] = 1
     op: Literal["add", "remove", "drop_slot"]
-    slot: int = Field(ge=0)
-    conn: str = ""
+    slot: Slot = Field(ge=0)
+    conn: ConnId = ConnId("")
     filter: str = ""
 
 
@@ -412,17 +435,93 @@ class Fanout(_Record):
 
     kind: Literal["fanout"] = "fanout"
     v: Literal[1] = 1
-    conns: tuple[str, ...]
+    conns: tuple[ConnId, ...]
     topic: str
     payload: str
     """b64u."""
     ts: int
 
 
+# The bodies of the retainer's answers (`DsReply.answer`). Most are also the API's response
+# models, whose class docstring would become the OpenAPI description: those say in a comment
+# which operation they answer.
+
+
+class Stored(_Answer):
+    # `store`: messages made durable.
+    stored: int
+
+
+class RankedStream(_Answer):
+    rank: tuple[int, int]
+    """(X, Y): streams with different X may be replayed in parallel; with the same X, in order
+    of Y (seed 003)."""
+    stream: str
+
+
+class StreamsFound(_Answer):
+    """`streams`: one part of one retainer's streams (each part of a long answer is one)."""
+
+    streams: list[RankedStream]
+
+
+class IteratorMade(_Answer):
+    # `iterator`.
+    iterator: str
+
+
+class StoredMessage(_Answer):
+    topic: str
+    payload: str
+    """b64u."""
+    ts: int
+
+
+class NextMessages(_Answer):
+    # `next`.
+    messages: list[StoredMessage]
+    iterator: str
+    end_of_stream: bool
+
+
+class RetainedMessage(_Answer):
+    # A retained `read`, and each message of a `match`.
+    topic: str
+    payload: str
+    """b64u."""
+    ts: int
+    expires_at: int | None
+
+
+class RetainedMatch(_Answer):
+    """A retained `match`: up to `limit` messages in the retained store's topic order, and
+    whether more follow."""
+
+    messages: list[RetainedMessage]
+    more: bool
+
+
+class RetainedTopic(_Answer):
+    topic: str
+
+
+class RetainedTopics(_Answer):
+    """A retained `match` with `keys_only`: topics only."""
+
+    messages: list[RetainedTopic]
+    more: bool
+
+
+class RetainedSize(_Answer):
+    # A retained `size`.
+    size: int
+
+
 class DsReply(_Record):
     """A retainer's answer to a `DsRequest`, a `RetainedRequest` or a retained `Publication`,
     for one partition; a long answer (many streams) comes in `parts` records, numbered by
-    `part`."""
+    `part`. Its body is the `_Answer` model of the operation asked (`describe`:
+    `relay_ds.info.Description`; writes and admin changes: none), read with `answer`."""
 
     kind: Literal["ds_reply"] = "ds_reply"
     v: Literal[1] = 1
@@ -437,6 +536,10 @@ class DsReply(_Record):
     detail: str = ""
     part: int = Field(0, ge=0)
     parts: int = Field(1, ge=1)
+
+    def answer(self, model: type[AnswerT]) -> AnswerT | None:
+        """The body as `model`, or `SchemaError` when the retainer answered in another shape."""
+        return _answer(self.kind, self.data, model)
 
 
 class KvRequest(_Request):

@@ -33,7 +33,6 @@ from contextlib import contextmanager
 from typing import Annotated
 
 from fastapi import APIRouter, Body, Path, Response
-from pydantic import TypeAdapter
 
 from relay_ds import sites, targets, tokens
 from relay_ds.errors import Refused, Unknown
@@ -51,7 +50,6 @@ router = APIRouter(prefix="/ds", tags=["durable storage admin"], responses=docum
 SitePath = Annotated[str, Path(pattern=sites.SITE_PATTERN, description="site id, 16 hex digits")]
 DsPath = Annotated[str, Path(pattern=tokens.NAME_PATTERN, description="durable storage")]
 OK = "OK"
-_DESCRIPTION = TypeAdapter(Description)
 
 
 @contextmanager
@@ -92,7 +90,7 @@ async def _view(ctx: Context, only: Iterable[str] | None = None) -> View:
     """Every retainer's description merged with the target records of `only` (the storage
     names given) or of every storage the retainers hold."""
     replies = await asking.every_retainer(ctx, op="describe")
-    descriptions = [_DESCRIPTION.validate_python(r.data) for r in replies if r.data is not None]
+    descriptions = asking.answers(replies, Description)
     names = sorted(
         set(only) if only is not None else {s.name for d in descriptions for s in d.storages}
     )
