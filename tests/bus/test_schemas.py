@@ -169,3 +169,51 @@ def test_a_retainer_answer_is_read_back_as_its_model_and_no_other(answer: object
             schemas.SchemaError, match=f"ds_reply data is not a {type(other).__name__}"
         ):
             decoded.answer(type(other))
+
+
+_VIEW = schemas.KvView(version=3, sites=["A", "B"])
+_REPLICATOR_ANSWERS: list[schemas.KvAnswer] = [
+    schemas.KvVersion(version="1700000000000.0.A"),
+    schemas.KvRegister(value="eA", version="1.0.A", expires_at=None),
+    schemas.KvMembers(members=["bQ"], cursor="bQ"),
+    schemas.KvFields(fields=[schemas.KvField(field="f", value="", version="1.0.A")], cursor=None),
+    schemas.KvNamespace(token="t", n=3, r=2, w=2, gc_grace_s=0),
+    schemas.KvMembership(
+        site="A",
+        established=True,
+        view=_VIEW,
+        sites={"A": "http://a"},
+        change=schemas.KvViewChange(old=_VIEW, new=schemas.KvView(version=4, sites=["A"])),
+        participants=["A", "B"],
+        reports={"A": 1},
+        down=["B"],
+        max_n=2,
+    ),
+    schemas.KvViewChanging(version=4),
+]
+
+
+@pytest.mark.parametrize("answer", _REPLICATOR_ANSWERS, ids=lambda a: type(a).__name__)
+def test_a_replicator_answer_is_read_back_as_its_model_and_no_other(
+    answer: schemas.KvAnswer,
+) -> None:
+    reply = schemas.KvReply(id="r", origin="o", instance="i", status=200, data=answer.model_dump())
+    decoded = schemas.decode(schemas.encode(reply))
+    assert isinstance(decoded, schemas.KvReply)
+    assert decoded.answer(type(answer)) == answer
+    assert decoded.model_copy(update={"data": None}).answer(type(answer)) is None
+    for other in _REPLICATOR_ANSWERS:  # every shape is told from every other
+        if type(other) is not type(answer):
+            with pytest.raises(
+                schemas.SchemaError, match=f"kv_reply data is not a {type(other).__name__}"
+            ):
+                decoded.answer(type(other))
+
+
+def test_a_kv_version_is_not_a_view_version() -> None:
+    """A write's version (a clock stamp, text) and a view's (an integer) are told apart even
+    when the text is digits."""
+    reply = schemas.KvReply(id="r", origin="o", instance="i", status=202, data={"version": "4"})
+    with pytest.raises(schemas.SchemaError, match="not a KvViewChanging"):
+        reply.answer(schemas.KvViewChanging)
+    assert reply.answer(schemas.KvVersion) == schemas.KvVersion(version="4")

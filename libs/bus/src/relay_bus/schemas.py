@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any, Literal, TypeVar, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, TypeAdapter, ValidationError
 
 from relay_bus import topics
 from relay_queues.delivery import Head
@@ -201,7 +201,7 @@ class QueueCommandV1(_Request):
 
 
 class _Answer(BaseModel):
-    """The body of an accepted reply (`QueueReply`, `DsReply`), as API.md shows it to the
+    """The body of an accepted reply (`QueueReply`, `DsReply`, `KvReply`), as API.md shows it to the
     client: the service that answers builds it, the ingress reads it back with the reply's
     `answer` and answers with it (its response models, but for `Subscribed`), so the shape is
     stated once."""
@@ -589,7 +589,90 @@ class KvRequest(_Request):
     """The replicator sites a membership change is to end with (view_change)."""
 
 
+class KvAnswer(_Answer):
+    """The body of a coordinating replicator's answer (`KvReply.answer`), in the order and
+    shape `/v1/kv` and `/admin/kv` answer with it."""
+
+
+class KvVersion(KvAnswer):
+    # `put`, `delete`, `members`, `field_put`, `field_delete`: the write's version.
+    version: str
+
+
+class KvRegister(KvAnswer):
+    # `get`, `field_get`: a value (b64u), its version and when it expires (ms, or None).
+    value: str
+    version: str
+    expires_at: int | None
+
+
+class KvMembers(KvAnswer):
+    # `list_members`: a page of b64u members, and the cursor of the next (None: the last).
+    members: list[str]
+    cursor: str | None
+
+
+class KvField(_Answer):
+    field: str
+    value: str
+    """b64u."""
+    version: str
+
+
+class KvFields(KvAnswer):
+    # `list_fields`: a page of fields, and the cursor of the next (None: the last).
+    fields: list[KvField]
+    cursor: str | None
+
+
+class KvNamespace(KvAnswer):
+    # `ns_put`: the namespace's new token (shown once) and its quorum settings.
+    token: str
+    n: int
+    r: int
+    w: int
+    gc_grace_s: int
+
+
+class KvView(_Answer):
+    # The replicators' sites as of one view version (`relay_kv.membership.View`).
+    version: StrictInt
+    sites: list[str]
+
+
+class KvViewChange(_Answer):
+    # A change of view under way (`relay_kv.membership.Change`).
+    old: KvView
+    new: KvView
+    step: Literal["pulling", "reading_new"] = "pulling"
+
+
+class KvMembership(KvAnswer):
+    # `view`: one replicator's membership state, with who is down and the largest N.
+    site: str
+    established: bool
+    view: KvView
+    sites: dict[str, str]
+    """Site id → URL."""
+    change: KvViewChange | None
+    participants: list[str]
+    reports: dict[str, int]
+    """Site id → `relay_kv.membership.Report`."""
+    down: list[str]
+    max_n: int
+
+
+class KvViewChanging(KvAnswer):
+    # `view_change` (202): the version of the view the change under way ends with (or, for a
+    # change to the view as it is, that view's).
+    version: StrictInt
+
+
 class KvReply(_Record):
+    """The coordinating replicator's answer to a `KvRequest`: its body is the `_Answer` model
+    of the operation asked (`KvVersion`, `KvRegister`, `KvMembers`, `KvFields`,
+    `KvNamespace`, `KvMembership`, `KvViewChanging`), read with `answer`."""
+
     kind: Literal["kv_reply"] = "kv_reply"
     v: Literal[1] = 1
     id: str
@@ -599,6 +682,11 @@ class KvReply(_Record):
     data: dict[str, Any] | None = None
     code: str | None = None
     detail: str = ""
+
+    def answer(self, model: type[AnswerT]) -> AnswerT | None:
+        """The body as `model`, or `SchemaError` when the replicator answered in another
+        shape."""
+        return _answer(self.kind, self.data, model)
 
 
 class Epoch(_Record):

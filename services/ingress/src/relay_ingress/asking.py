@@ -84,9 +84,11 @@ def _accepted(reply: schemas.QueueReply | schemas.DsReply | schemas.KvReply) -> 
         raise ApiError(reply.status, reply.code, reply.detail)
 
 
-def answer(
-    reply: schemas.QueueReply | schemas.DsReply, model: type[schemas.AnswerT]
-) -> schemas.AnswerT | None:
+Answered = schemas.QueueReply | schemas.DsReply | schemas.KvReply
+_WHO = {"queue_reply": "queue-writer", "ds_reply": "retainer", "kv_reply": "replicator"}
+
+
+def answer(reply: Answered, model: type[schemas.AnswerT]) -> schemas.AnswerT | None:
     """An accepted reply's body as `model` (`relay_bus.schemas`); 503 when the service
     answered in another shape (a build mismatch during an upgrade: the client may retry)."""
     try:
@@ -95,14 +97,11 @@ def answer(
         raise ApiError(503, "UNAVAILABLE", f"unexpected answer: {error}") from None
 
 
-def required(
-    reply: schemas.QueueReply | schemas.DsReply, model: type[schemas.AnswerT]
-) -> schemas.AnswerT:
+def required(reply: Answered, model: type[schemas.AnswerT]) -> schemas.AnswerT:
     """`answer`, for an answer that must have a body (503 without one)."""
     found = answer(reply, model)
     if found is None:
-        who = "queue-writer" if isinstance(reply, schemas.QueueReply) else "retainer"
-        raise ApiError(503, "UNAVAILABLE", f"the {who} answered without a body")
+        raise ApiError(503, "UNAVAILABLE", f"the {_WHO[reply.kind]} answered without a body")
     return found
 
 

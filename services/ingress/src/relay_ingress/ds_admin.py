@@ -34,6 +34,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Body, Path, Response
 
+from relay_bus import schemas
 from relay_ds import sites, targets, tokens
 from relay_ds.errors import Refused, Unknown
 from relay_ds.info import Description, DsInfo, KvStorage, Site, Storage
@@ -78,9 +79,9 @@ async def _stored(ctx: Context, name: str) -> targets.TargetRecord | None:
         if error.code == "NOT_FOUND":
             return None
         raise
-    data = reply.data or {}
+    found = asking.required(reply, schemas.KvRegister)
     try:
-        return targets.decode(codec.unb64u(str(data.get("value", ""))))
+        return targets.decode(codec.unb64u(found.value))
     except (ValueError, Refused) as error:
         detail = f"the target record of {name!r} is damaged: {error}"
         raise ApiError(503, "UNAVAILABLE", detail) from None
