@@ -217,3 +217,70 @@ def test_a_kv_version_is_not_a_view_version() -> None:
     with pytest.raises(schemas.SchemaError, match="not a KvViewChanging"):
         reply.answer(schemas.KvViewChanging)
     assert reply.answer(schemas.KvVersion) == schemas.KvVersion(version="4")
+
+
+_OWNER_ANSWERS: list[schemas.AdminAnswer] = [
+    schemas.DumpStarted(dump=4),
+    schemas.DumpFinished(dump=4, records=2, bytes=300, pause_ms=0.25, total_s=0.5),
+    schemas.QueueWriterStats(queues=1, messages=2, bytes=3, open_queues=0),
+    schemas.QueuePart(
+        folder="/d/exports/x",
+        epoch="e",
+        at_ms=7,
+        offsets={"0": 3},
+        queues=1,
+        messages=2,
+        early=0,
+        longest_ms=0.5,
+        read_s=0.0,
+        total_s=0.1,
+    ),
+    schemas.RetainerPart(
+        folder="/d/exports/x",
+        epoch="e",
+        at_ms=7,
+        publications={"0": 3},
+        publications_upto={"0": 4},
+        stores={"0": {"retained": 3}},
+        exact=True,
+        retained=1,
+        streams=0,
+        pause_ms=0.5,
+        writes_during=2,
+        before_ms=0.25,
+        total_s=0.1,
+    ),
+]
+
+
+@pytest.mark.parametrize("answer", _OWNER_ANSWERS, ids=lambda a: type(a).__name__)
+def test_an_admin_answer_is_read_back_as_its_model_and_no_other(
+    answer: schemas.AdminAnswer,
+) -> None:
+    reply = schemas.AdminReply(
+        id="r", origin="o", partition=0, instance="i", result=answer.model_dump()
+    )
+    decoded = schemas.decode(schemas.encode(reply))
+    assert isinstance(decoded, schemas.AdminReply)
+    assert decoded.answer(type(answer)) == answer
+    for other in _OWNER_ANSWERS:  # every shape is told from every other
+        if type(other) is not type(answer):
+            with pytest.raises(
+                schemas.SchemaError, match=f"admin_reply data is not a {type(other).__name__}"
+            ):
+                decoded.answer(type(other))
+
+
+def test_an_export_part_from_a_retainer_before_marks_is_still_read() -> None:
+    """A retainer from before exact cuts answered without `stores`, `exact`, `writes_during`
+    and `before_ms`: its `admin_reply` still decodes and its part reads with their defaults."""
+    older = (
+        b'{"kind":"admin_reply","v":1,"id":"r","origin":"o","partition":0,"instance":"i",'
+        b'"result":{"folder":"/x","epoch":"e","at_ms":1,"publications":{"0":2},'
+        b'"publications_upto":{"0":3},"retained":0,"streams":1,"pause_ms":0.5,"total_s":1.0}}'
+    )
+    decoded = schemas.decode(older)
+    assert isinstance(decoded, schemas.AdminReply)
+    part = decoded.answer(schemas.RetainerPart)
+    assert (part.stores, part.exact, part.writes_during, part.before_ms) == ({}, False, 0, 0.0)
+    assert schemas.encode(decoded) == older  # the record itself is kept as it came

@@ -78,6 +78,10 @@ class AdminRequest(_Request):
 
 
 class AdminReply(_Record):
+    """An owner's answer to an `AdminRequest`, for one partition: its `result` is the
+    `AdminAnswer` model of the operation asked (`DumpStarted`, `DumpFinished`,
+    `QueueWriterStats`, `QueuePart`, `RetainerPart`), read with `answer`."""
+
     kind: Literal["admin_reply"] = "admin_reply"
     v: Literal[1] = 1
     id: str
@@ -86,6 +90,12 @@ class AdminReply(_Record):
     """The command partition this answer covers."""
     instance: str
     result: dict[str, Any]
+
+    def answer(self, model: type[AnswerT]) -> AnswerT:
+        """The result as `model`, or `SchemaError` when the owner answered in another shape."""
+        found = _answer(self.kind, self.result, model)
+        assert found is not None  # a result is required
+        return found
 
 
 class _QueueCommand(_Request):
@@ -201,10 +211,11 @@ class QueueCommandV1(_Request):
 
 
 class _Answer(BaseModel):
-    """The body of an accepted reply (`QueueReply`, `DsReply`, `KvReply`), as API.md shows it to the
-    client: the service that answers builds it, the ingress reads it back with the reply's
-    `answer` and answers with it (its response models, but for `Subscribed`), so the shape is
-    stated once."""
+    """The body of an accepted reply (`QueueReply`, `DsReply`, `KvReply`; an `AdminReply`'s
+    result), as API.md shows it to the client: the service that answers builds it, the ingress
+    reads it back with the reply's `answer` (any other shape refused) and answers with it (its
+    response models, but for `Subscribed`; a `KvAnswer` as its JSON body; an `AdminAnswer`
+    inside the report that names each owner), so the shape is stated once."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -263,6 +274,78 @@ def _answer(kind: str, data: dict[str, Any] | None, model: type[AnswerT]) -> Ans
         return value
     except ValidationError as error:
         raise SchemaError(f"{kind} data is not a {model.__name__}: {error}") from None
+
+
+class AdminAnswer(_Answer):
+    """The result of an admin operation at one owner (`AdminReply.answer`); the ingress
+    reports it with the owner's instance and partitions (`relay_ingress.admin`)."""
+
+
+class DumpStarted(AdminAnswer):
+    """`dump`: N of `store-(N).dump`, the dump started or the one already running."""
+
+    dump: int
+
+
+class DumpFinished(AdminAnswer):
+    """`dump` with `wait`: the finished dump."""
+
+    dump: int
+    records: int
+    """Queue records in the dump."""
+    bytes: int
+    pause_ms: float
+    """How long changes waited while the snapshot was taken."""
+    total_s: float
+
+
+class QueueWriterStats(AdminAnswer):
+    """`stats`: one queue-writer's queues."""
+
+    queues: int
+    """Queue records in the store log."""
+    messages: int
+    """Messages waiting in the queues (quota markers included)."""
+    bytes: int
+    """Bytes of those messages' records in the message files."""
+    open_queues: int
+    """Queues with state in memory now."""
+
+
+class QueuePart(AdminAnswer):
+    """`export` at a queue-writer: the part it wrote and its exact cut."""
+
+    folder: str
+    epoch: str
+    at_ms: int
+    offsets: dict[str, int]
+    """Command partition → first offset not applied."""
+    queues: int
+    messages: int
+    early: int
+    """Queues read ahead of the slices because a command was about to change them."""
+    longest_ms: float
+    read_s: float
+    total_s: float
+
+
+class RetainerPart(AdminAnswer):
+    """`export` at a retainer: the part it wrote and its cut (`relay_retainer.exports`). The
+    fields with defaults came later: an older retainer's answer is still read."""
+
+    folder: str
+    epoch: str
+    at_ms: int
+    publications: dict[str, int]
+    publications_upto: dict[str, int]
+    stores: dict[str, dict[str, int]] = {}
+    exact: bool = False
+    retained: int
+    streams: int
+    pause_ms: float
+    writes_during: int = 0
+    before_ms: float = 0.0
+    total_s: float
 
 
 class QueueReply(_Record):

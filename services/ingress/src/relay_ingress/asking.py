@@ -84,8 +84,13 @@ def _accepted(reply: schemas.QueueReply | schemas.DsReply | schemas.KvReply) -> 
         raise ApiError(reply.status, reply.code, reply.detail)
 
 
-Answered = schemas.QueueReply | schemas.DsReply | schemas.KvReply
-_WHO = {"queue_reply": "queue-writer", "ds_reply": "retainer", "kv_reply": "replicator"}
+Answered = schemas.QueueReply | schemas.DsReply | schemas.KvReply | schemas.AdminReply
+_WHO = {
+    "queue_reply": "queue-writer",
+    "ds_reply": "retainer",
+    "kv_reply": "replicator",
+    "admin_reply": "owner",
+}
 
 
 def answer(reply: Answered, model: type[schemas.AnswerT]) -> schemas.AnswerT | None:
