@@ -11,15 +11,17 @@ from relay_bus.once import OncePerId
 
 
 class Operation:
-    """Counts its runs; each run waits for `gate`, then returns its run number."""
+    """Counts its runs; each run sets `started`, waits for `gate`, then returns its run number."""
 
     def __init__(self) -> None:
         self.runs = 0
+        self.started = asyncio.Event()
         self.gate = asyncio.Event()
 
     async def __call__(self) -> int:
         self.runs += 1
         run = self.runs
+        self.started.set()
         await self.gate.wait()
         return run
 
@@ -40,7 +42,7 @@ async def test_each_id_runs_once_and_every_copy_is_answered() -> None:
     operation, replies = Operation(), Replies()
     for partition in ("p0", "p1", "p2"):
         once.handle("request-1", operation, replies.to(partition))
-    await asyncio.sleep(0.01)
+    await asyncio.wait_for(operation.started.wait(), 1)  # the copies' tasks ran before this
     assert (operation.runs, replies.got) == (1, [])  # handle does not wait for the operation
     operation.gate.set()
     await once.drain(1)
@@ -114,7 +116,7 @@ async def test_cancel_ends_everything() -> None:
     once: OncePerId[int] = OncePerId(8, "test")
     operation, replies = Operation(), Replies()
     once.handle("r", operation, replies.to("p0"))
-    await asyncio.sleep(0)
+    await asyncio.wait_for(operation.started.wait(), 1)
     await asyncio.wait_for(once.cancel(), 1)
     operation.gate.set()
     await asyncio.sleep(0.01)

@@ -5,8 +5,11 @@ import json
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from pydantic import TypeAdapter
 
 from relay_bus import schemas, topics
+from relay_ds.info import Description
+from relay_ds.sites import SiteId
 
 _names = st.text(st.characters(codec="utf-8"), max_size=20)
 _times = st.floats(0, 1e13, allow_nan=False)
@@ -129,3 +132,155 @@ def test_a_v2_command_carries_only_its_operations_fields() -> None:
     extra = {**json.loads(schemas.encode(head)), "slot": 1}
     with pytest.raises(schemas.SchemaError, match="invalid 'queue_cmd' v2"):
         schemas.decode(json.dumps(extra).encode())
+
+
+_RETAINER_ANSWERS: list[object] = [
+    schemas.Stored(stored=3),
+    schemas.StreamsFound(streams=[schemas.RankedStream(rank=(4, 1), stream="0.s")]),
+    schemas.IteratorMade(iterator="1.i"),
+    schemas.NextMessages(
+        messages=[schemas.StoredMessage(topic="a/b", payload="eA", ts=5)],
+        iterator="1.j",
+        end_of_stream=False,
+    ),
+    schemas.RetainedMessage(topic="a/b", payload="eA", ts=5, expires_at=None),
+    schemas.RetainedMatch(
+        messages=[schemas.RetainedMessage(topic="a", payload="", ts=0, expires_at=9)], more=True
+    ),
+    schemas.RetainedTopics(messages=[schemas.RetainedTopic(topic="a")], more=False),
+    schemas.RetainedSize(size=2),
+    Description(site=SiteId("0" * 16), node="n", partitions=[0], sites=[], storages=[]),
+]
+
+
+@pytest.mark.parametrize("answer", _RETAINER_ANSWERS, ids=lambda a: type(a).__name__)
+def test_a_retainer_answer_is_read_back_as_its_model_and_no_other(answer: object) -> None:
+    data = TypeAdapter(type(answer)).dump_python(answer, mode="json")
+    reply = schemas.DsReply(
+        id="r", origin="o", partition=0, instance="i", site="s", status=200, data=data
+    )
+    decoded = schemas.decode(schemas.encode(reply))
+    assert isinstance(decoded, schemas.DsReply)
+    assert decoded.answer(type(answer)) == answer
+    assert decoded.model_copy(update={"data": None}).answer(type(answer)) is None
+    others = [a for a in _RETAINER_ANSWERS if type(a) is not type(answer)]
+    for other in others:  # every shape is told from every other
+        with pytest.raises(
+            schemas.SchemaError, match=f"ds_reply data is not a {type(other).__name__}"
+        ):
+            decoded.answer(type(other))
+
+
+_VIEW = schemas.KvView(version=3, sites=["A", "B"])
+_REPLICATOR_ANSWERS: list[schemas.KvAnswer] = [
+    schemas.KvVersion(version="1700000000000.0.A"),
+    schemas.KvRegister(value="eA", version="1.0.A", expires_at=None),
+    schemas.KvMembers(members=["bQ"], cursor="bQ"),
+    schemas.KvFields(fields=[schemas.KvField(field="f", value="", version="1.0.A")], cursor=None),
+    schemas.KvNamespace(token="t", n=3, r=2, w=2, gc_grace_s=0),
+    schemas.KvMembership(
+        site="A",
+        established=True,
+        view=_VIEW,
+        sites={"A": "http://a"},
+        change=schemas.KvViewChange(old=_VIEW, new=schemas.KvView(version=4, sites=["A"])),
+        participants=["A", "B"],
+        reports={"A": 1},
+        down=["B"],
+        max_n=2,
+    ),
+    schemas.KvViewChanging(version=4),
+]
+
+
+@pytest.mark.parametrize("answer", _REPLICATOR_ANSWERS, ids=lambda a: type(a).__name__)
+def test_a_replicator_answer_is_read_back_as_its_model_and_no_other(
+    answer: schemas.KvAnswer,
+) -> None:
+    reply = schemas.KvReply(id="r", origin="o", instance="i", status=200, data=answer.model_dump())
+    decoded = schemas.decode(schemas.encode(reply))
+    assert isinstance(decoded, schemas.KvReply)
+    assert decoded.answer(type(answer)) == answer
+    assert decoded.model_copy(update={"data": None}).answer(type(answer)) is None
+    for other in _REPLICATOR_ANSWERS:  # every shape is told from every other
+        if type(other) is not type(answer):
+            with pytest.raises(
+                schemas.SchemaError, match=f"kv_reply data is not a {type(other).__name__}"
+            ):
+                decoded.answer(type(other))
+
+
+def test_a_kv_version_is_not_a_view_version() -> None:
+    """A write's version (a clock stamp, text) and a view's (an integer) are told apart even
+    when the text is digits."""
+    reply = schemas.KvReply(id="r", origin="o", instance="i", status=202, data={"version": "4"})
+    with pytest.raises(schemas.SchemaError, match="not a KvViewChanging"):
+        reply.answer(schemas.KvViewChanging)
+    assert reply.answer(schemas.KvVersion) == schemas.KvVersion(version="4")
+
+
+_OWNER_ANSWERS: list[schemas.AdminAnswer] = [
+    schemas.DumpStarted(dump=4),
+    schemas.DumpFinished(dump=4, records=2, bytes=300, pause_ms=0.25, total_s=0.5),
+    schemas.QueueWriterStats(queues=1, messages=2, bytes=3, open_queues=0),
+    schemas.QueuePart(
+        folder="/d/exports/x",
+        epoch="e",
+        at_ms=7,
+        offsets={"0": 3},
+        queues=1,
+        messages=2,
+        early=0,
+        longest_ms=0.5,
+        read_s=0.0,
+        total_s=0.1,
+    ),
+    schemas.RetainerPart(
+        folder="/d/exports/x",
+        epoch="e",
+        at_ms=7,
+        publications={"0": 3},
+        publications_upto={"0": 4},
+        stores={"0": {"retained": 3}},
+        exact=True,
+        retained=1,
+        streams=0,
+        pause_ms=0.5,
+        writes_during=2,
+        before_ms=0.25,
+        total_s=0.1,
+    ),
+]
+
+
+@pytest.mark.parametrize("answer", _OWNER_ANSWERS, ids=lambda a: type(a).__name__)
+def test_an_admin_answer_is_read_back_as_its_model_and_no_other(
+    answer: schemas.AdminAnswer,
+) -> None:
+    reply = schemas.AdminReply(
+        id="r", origin="o", partition=0, instance="i", result=answer.model_dump()
+    )
+    decoded = schemas.decode(schemas.encode(reply))
+    assert isinstance(decoded, schemas.AdminReply)
+    assert decoded.answer(type(answer)) == answer
+    for other in _OWNER_ANSWERS:  # every shape is told from every other
+        if type(other) is not type(answer):
+            with pytest.raises(
+                schemas.SchemaError, match=f"admin_reply data is not a {type(other).__name__}"
+            ):
+                decoded.answer(type(other))
+
+
+def test_an_export_part_from_a_retainer_before_marks_is_still_read() -> None:
+    """A retainer from before exact cuts answered without `stores`, `exact`, `writes_during`
+    and `before_ms`: its `admin_reply` still decodes and its part reads with their defaults."""
+    older = (
+        b'{"kind":"admin_reply","v":1,"id":"r","origin":"o","partition":0,"instance":"i",'
+        b'"result":{"folder":"/x","epoch":"e","at_ms":1,"publications":{"0":2},'
+        b'"publications_upto":{"0":3},"retained":0,"streams":1,"pause_ms":0.5,"total_s":1.0}}'
+    )
+    decoded = schemas.decode(older)
+    assert isinstance(decoded, schemas.AdminReply)
+    part = decoded.answer(schemas.RetainerPart)
+    assert (part.stores, part.exact, part.writes_during, part.before_ms) == ({}, False, 0, 0.0)
+    assert schemas.encode(decoded) == older  # the record itself is kept as it came

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import re
 
 import pytest
 from hypothesis import given
@@ -42,3 +43,14 @@ def test_every_string_of_the_alphabet_decodes_unless_its_length_is_1_mod_4(text:
             codec.unb64u(text)
     else:
         assert len(codec.unb64u(text)) == len(text) * 3 // 4
+
+
+@given(st.text(alphabet="ABCxyz019-_+/= \né", max_size=40))
+def test_the_pattern_matches_exactly_what_decodes(text: str) -> None:
+    """`codec.PATTERN` (the API schemas' base64url) and `unb64u` are one rule."""
+    try:
+        codec.unb64u(text)
+        decodes = True
+    except ValueError:
+        decodes = False
+    assert (re.fullmatch(codec.PATTERN, text) is not None) == decodes

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from relay_bus import schemas
 from relay_durable.codec import b64u
 from relay_kv import hints, names, placement
 from relay_kv.clock import Version
@@ -86,3 +88,62 @@ async def test_a_hint_past_its_age_is_dropped_not_handed_over(tmp_path: Path) ->
         assert b_store.get(3, placement.shard_of("app", "old"), "app", "old") is None
         assert store.hints_for(target, 10) == []
         assert store.hint_bytes == 0
+
+
+async def test_every_answer_is_the_schemas_model_of_its_operation(tmp_path: Path) -> None:
+    """The coordinator builds each body as its `relay_bus.schemas` model: the ingress reads
+    each back as the model of what it asked (`KvReply.answer`), and as no other."""
+    async with replicators(tmp_path, SITES) as coordinators:
+        a = coordinators["A"]
+        answers: list[schemas.KvAnswer] = []
+
+        async def ask(model: type[schemas.KvAnswer], **fields: Any) -> Any:
+            outcome = await a.run(request(**fields))
+            assert outcome.ok, outcome
+            reply = schemas.KvReply(
+                id="r", origin="o", instance="i", status=outcome.status, data=outcome.data
+            )
+            decoded = schemas.decode(schemas.encode(reply))
+            assert isinstance(decoded, schemas.KvReply)
+            answer = decoded.answer(model)
+            assert answer is not None
+            assert answer.model_dump() == outcome.data
+            answers.append(answer)
+            return answer
+
+        made = await ask(schemas.KvNamespace, op="ns_put", ns="app", admin=True, n=3)
+        assert (made.n, made.r, made.w, made.gc_grace_s) == (3, 2, 2, 864_000)
+        auth = {"ns": "app", "token_sha256": names.token_hash(made.token)}
+        put = await ask(schemas.KvVersion, op="put", key="k", value=b64u(b"v"), ttl_s=60, **auth)
+        got = await ask(schemas.KvRegister, op="get", key="k", **auth)
+        assert (got.value, got.version) == (b64u(b"v"), put.version)
+        assert got.expires_at is not None
+        await ask(schemas.KvVersion, op="delete", key="k", **auth)
+        await ask(schemas.KvVersion, op="members", key="s", add=(b64u(b"m"),), **auth)
+        members = await ask(schemas.KvMembers, op="list_members", key="s", **auth)
+        assert (members.members, members.cursor) == ([b64u(b"m")], None)
+        field = {"key": "h", "field": "f", **auth}
+        await ask(schemas.KvVersion, op="field_put", value=b64u(b"x"), **field)
+        one = await ask(schemas.KvRegister, op="field_get", **field)
+        assert (one.value, one.expires_at) == (b64u(b"x"), None)
+        fields = await ask(schemas.KvFields, op="list_fields", key="h", limit=1, **auth)
+        assert [(f.field, f.value) for f in fields.fields] == [("f", b64u(b"x"))]
+        await ask(schemas.KvVersion, op="field_delete", **field)
+        state = await ask(schemas.KvMembership, op="view", ns="$members", admin=True)
+        assert sorted(state.view.sites) == sorted(c.peers.me for c in coordinators.values())
+        assert (state.change, state.down, state.max_n) == (None, [], 3)
+        same = await ask(
+            schemas.KvViewChanging,
+            op="view_change",
+            ns="$members",
+            admin=True,
+            sites=tuple(state.view.sites),
+        )
+        assert same.version == state.view.version
+        for answer in answers:  # no body is read as another operation's
+            reply = schemas.KvReply(
+                id="r", origin="o", instance="i", status=200, data=answer.model_dump()
+            )
+            for other in {type(a) for a in answers} - {type(answer)}:
+                with pytest.raises(schemas.SchemaError, match=f"not a {other.__name__}"):
+                    reply.answer(other)

@@ -208,6 +208,8 @@ def test_malformed_states_are_refused_and_install_nothing(source: Engines, targe
         (_broken(good, ["digest"], "0" * 64), "digest does not match"),
         (_broken(good, ["queues", 0, "messages", 0, 0], "c2hvcnQ"), "msg_id must be 24 bytes"),
         (_broken(good, ["queues", 0, "messages", 0, 1], -1), "ts_ms"),
+        (_broken(good, ["queues", 0, "messages", 0, 3], "aGk="), "body is not base64url"),
+        (_broken(good, ["queues", 0, "messages", 0, 3], "a+b/"), "body is not base64url"),
         (_broken(good, ["queues", 0, "record", "status"], "gone"), "status"),
         (_broken(good, ["queues", 0, "suspended"], "yes"), "suspended"),
         (_broken(good, ["partition"], 2), "not on partition 2"),  # partition 1's queues

@@ -7,8 +7,9 @@ per partition, as Kafka hands a record to every consumer group. `Relay` builds t
 `relay_ingress.app.build` (its routers, error handlers, inbox and connections), puts the
 loopback in place of the Kafka bus, leases an inbox slot in a real Redis, and wires in the real
 peers the ingress talks to, each built as its own app builds it: the queue-writer's command
-handler over stores on `tmp_path`, the retainer's request handlers over stores on `tmp_path`,
-and delivery's pushes and live publications over the same Redis. A test may leave a peer out
+and admin handlers over stores on `tmp_path`, the retainer's request and export handlers over
+stores on `tmp_path` (an export read on a thread), and delivery's pushes and live publications
+over the same Redis. A test may leave a peer out
 and answer in its place (`LoopbackBus.subscribe`), or hold a topic's records and release them
 later. Requests go through real HTTP (`httpx.ASGITransport`) and WebSocket (`WsClient`, the
 ASGI WebSocket messages) handling, in this event loop.
@@ -39,10 +40,12 @@ from relay_delivery.pushes import Pushes
 from relay_ingress import app as ingress_app
 from relay_ingress.context import Context
 from relay_ingress.settings import IngressSettings
+from relay_queue_writer.admin import AdminRequests
 from relay_queue_writer.commands import Commands
 from relay_queue_writer.stores import Stores
 from relay_queues import auth, ids
 from relay_retainer.ds import DsRequests
+from relay_retainer.exports import RetainerExports
 from relay_retainer.retained import RetainedHost, RetainedRequests, RetainedServiceSettings
 from relay_retainer.streams import StreamHost, StreamSettings
 from relay_routes import client
@@ -310,13 +313,25 @@ class Relay:
 
     async def _queue_writer(self) -> None:
         stores = Stores(self.root / "queue-writer", Readiness(), 0, repair=False)
-        self.commands = Commands(self.bus, stores, PARTITIONS, 3600)  # type: ignore[arg-type]
+        bus: Any = self.bus
+        self.commands = Commands(bus, stores, PARTITIONS, 3600)
         await stores.open()
         self._closers.append(stores.close)
         await self.commands.open()
         self._closers.append(self.commands.close)
         await self.commands.start_offsets(list(range(PARTITIONS)))
-        self.bus.subscribe(topics.QUEUE_COMMANDS, self.commands.handle)
+        commands = self.commands
+        admin = AdminRequests(bus, stores, "queue-writer-0", commands)
+        self._closers.append(admin.close)
+
+        async def handle(received: Received) -> None:  # as relay_queue_writer.app wires it
+            record = received.record
+            if isinstance(record, schemas.AdminRequest):
+                await admin.handle(received, record)
+            else:
+                await commands.handle(received)
+
+        self.bus.subscribe(topics.QUEUE_COMMANDS, handle)
 
     async def _retainer(self) -> None:
         readiness, owned = Readiness(), list(range(PARTITIONS))
@@ -325,14 +340,20 @@ class Relay:
         bus: Any = self.bus
         ds = DsRequests(bus, streams, "retainer-0", owned, PARTITIONS)
         retained = RetainedRequests(bus, retained_host, "retainer-0", owned, PARTITIONS)
+        exports = RetainerExports(  # its stores read on a thread: no fork server in a test
+            bus, streams, retained_host, "retainer-0", self.root, owned, reader="thread"
+        )
         await streams.open()
         self._closers.append(streams.close)
         await retained_host.open()
-        self._closers += [retained_host.close, ds.drain, retained.drain]
+        self._closers += [retained_host.close, ds.drain, retained.drain, exports.close]
 
         async def handle(received: Received) -> None:  # as relay_retainer.app wires it
             record = received.record
-            if isinstance(record, schemas.DsRequest):
+            exports.seen(received)
+            if isinstance(record, schemas.AdminRequest):
+                exports.handle(received, record)
+            elif isinstance(record, schemas.DsRequest):
                 await ds.handle(received, record)
             elif isinstance(record, schemas.Publication | schemas.RetainedRequest):
                 retained.handle(record, received.partition, received.offset)

@@ -323,7 +323,7 @@ async def test_a_reply_of_another_shape_or_for_another_instance_is_not_an_answer
 
 
 def _detail_of_wrong_shape(data: dict[str, Any]) -> str:
-    """What `_answer` says of `data` as a Sent (in pydantic's own words)."""
+    """What `asking.answer` says of `data` as a Sent (in pydantic's own words)."""
     reply = schemas.QueueReply(id="x", origin="y", status=200, data=data)
     with pytest.raises(schemas.SchemaError, match="queue_reply data is not a Sent") as failure:
         reply.answer(schemas.Sent)

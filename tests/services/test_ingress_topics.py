@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from relay_bus import routing, schemas, topics
+from relay_bus.consumers import Received
 from relay_queues import ids
 from tests.services.loopback import INSTANCE, PARTITIONS, Relay, WsClient, error
 
@@ -383,3 +384,63 @@ async def _retained_ts(relay: Relay, topic: str) -> int:
     found = await relay.http.get("/v1/retained/message", params={"topic": topic})
     ts: int = found.json()["ts"]
     return ts
+
+
+async def test_a_retainer_answer_of_another_shape_is_a_503_not_a_half_read_value(
+    tmp_path: Path, redis_url: str
+) -> None:
+    """The retainer's bodies are `relay_bus.schemas` models: the ingress reads each back as the
+    model of what it asked and answers 503 for any other shape (a build mismatch)."""
+    answers: list[dict[str, Any] | None] = []
+
+    async with Relay(tmp_path, redis_url, retainer=False, delivery=False) as relay:
+
+        async def retainer(received: Received) -> None:
+            """Answers each request with the next of `answers` on partition 0, none elsewhere."""
+            record = received.record
+            assert isinstance(record, schemas.DsRequest | schemas.RetainedRequest)
+            reply = schemas.DsReply(
+                id=record.id,
+                origin=record.origin,
+                partition=received.partition,
+                instance="retainer-x",
+                site="s",
+                status=200,
+                data=answers.pop(0) if received.partition == 0 else None,
+            )
+            relay.bus.post(topics.INGRESS_INBOX, reply, partition=record.reply_slot)
+
+        relay.bus.subscribe(topics.PUBLICATIONS, retainer)
+        topic = _topic_on(0, "shape")
+
+        async def read() -> tuple[int, Any]:
+            found = await relay.http.get("/v1/retained/message", params={"topic": topic})
+            return found.status_code, found.json()
+
+        answers.append({"topic": topic, "payload": "eA", "ts": 1})  # no expires_at
+        status, body = await read()
+        assert (status, body["error"]) == (503, "UNAVAILABLE")
+        assert body["detail"].startswith(
+            "unexpected answer: ds_reply data is not a RetainedMessage"
+        )
+        answers.append(None)
+        assert await read() == (
+            503,
+            {"error": "UNAVAILABLE", "detail": "the retainer answered without a body"},
+        )
+        good = {"topic": topic, "payload": "eA", "ts": 1, "expires_at": None}
+        answers.append(good)
+        assert await read() == (200, good)
+
+        async def streams() -> tuple[int, Any]:
+            found = await relay.http.get("/v1/ds/db1/streams", params={"filter": "#"})
+            return found.status_code, found.json()
+
+        ranked = {"rank": [0, 1], "stream": "0.x"}
+        answers.append({"streams": [{**ranked, "size": 9}]})  # a field too many
+        status, body = await streams()
+        assert (status, body["error"]) == (503, "UNAVAILABLE")
+        assert body["detail"].startswith("unexpected answer: ds_reply data is not a StreamsFound")
+        answers.append({"streams": [{"rank": [3, 0], "stream": "0.y"}, ranked]})
+        assert await streams() == (200, [ranked, {"rank": [3, 0], "stream": "0.y"}])
+        assert answers == []

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from relay_bus import schemas
 from relay_retainer.retained import RetainedHost, RetainedServiceSettings
 from relay_retainer.rounds import Expired
 from relay_runtime.readiness import Readiness
@@ -95,16 +96,18 @@ async def test_match_answers_stop_at_limit_or_bytes_and_say_more(tmp_path: Path)
         *(host.submit(Write(f"m/{i:02}", b"p" * 300), _next(), _never) for i in range(10))
     )
     first = await host.match("m/#", None, 4)
-    assert [m["topic"] for m in first["messages"]] == ["m/00", "m/01", "m/02", "m/03"]
-    assert first["more"] is True
+    assert [m.topic for m in first.messages] == ["m/00", "m/01", "m/02", "m/03"]
+    assert first.more is True
     by_size = await host.match("m/#", None, 100)
-    assert len(by_size["messages"]) == 4  # 4 x 304 bytes reach 1024
-    assert by_size["more"] is True
+    assert len(by_size.messages) == 4  # 4 x 304 bytes reach 1024
+    assert by_size.more is True
     rest = await host.match("m/#", "m/07", 100)
-    assert [m["topic"] for m in rest["messages"]] == ["m/08", "m/09"]
-    assert rest["more"] is False
-    keys = await host.match("m/#", None, 100, keys_only=True)
-    assert keys["messages"] == [{"topic": f"m/{i:02}"} for i in range(10)]
+    assert [m.topic for m in rest.messages] == ["m/08", "m/09"]
+    assert rest.more is False
+    keys = await host.topics("m/#", None, 100)  # 4 bytes a topic: all ten fit
+    assert keys == schemas.RetainedTopics(
+        messages=[schemas.RetainedTopic(topic=f"m/{i:02}") for i in range(10)], more=False
+    )
     await host.close()
 
 

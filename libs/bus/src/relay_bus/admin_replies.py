@@ -1,20 +1,23 @@
 """Answers to the admin requests every owner runs once per id (`/admin/dump`, `/admin/export`).
 
 Invariant: one `admin_reply` per copy of the request read (one per partition), sent to the
-asking ingress's inbox slot, naming the partition and the instance; a request past its
-deadline is not answered (its asker stopped waiting).
+asking ingress's inbox slot, naming the partition and the instance, its result the
+operation's `schemas.AdminAnswer` model; a request past its deadline is not answered (its
+asker stopped waiting).
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 from relay_bus import schemas, topics
 from relay_bus.bus import Bus
 
 
 async def answer(
-    bus: Bus, request: schemas.AdminRequest, partition: int, instance: str, result: dict[str, Any]
+    bus: Bus,
+    request: schemas.AdminRequest,
+    partition: int,
+    instance: str,
+    result: schemas.AdminAnswer,
 ) -> None:
     if request.expired():
         return
@@ -23,6 +26,6 @@ async def answer(
         origin=request.origin,
         partition=partition,
         instance=instance,
-        result=result,
+        result=result.model_dump(),
     )
     await bus.send(topics.INGRESS_INBOX, reply, partition=request.reply_slot)

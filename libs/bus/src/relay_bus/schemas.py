@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any, Literal, TypeVar, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, TypeAdapter, ValidationError
 
 from relay_bus import topics
 from relay_queues.delivery import Head
@@ -42,7 +42,7 @@ class _Request(_Record):
     id: str
     origin: str
     """Ingress instance that waits for the reply."""
-    reply_slot: int = Field(ge=0)
+    reply_slot: Slot = Field(ge=0)
     """The origin's inbox partition."""
     deadline_ms: float
     """Past this time the origin has given up: whoever holds the request drops it."""
@@ -78,6 +78,10 @@ class AdminRequest(_Request):
 
 
 class AdminReply(_Record):
+    """An owner's answer to an `AdminRequest`, for one partition: its `result` is the
+    `AdminAnswer` model of the operation asked (`DumpStarted`, `DumpFinished`,
+    `QueueWriterStats`, `QueuePart`, `RetainerPart`), read with `answer`."""
+
     kind: Literal["admin_reply"] = "admin_reply"
     v: Literal[1] = 1
     id: str
@@ -86,6 +90,12 @@ class AdminReply(_Record):
     """The command partition this answer covers."""
     instance: str
     result: dict[str, Any]
+
+    def answer(self, model: type[AnswerT]) -> AnswerT:
+        """The result as `model`, or `SchemaError` when the owner answered in another shape."""
+        found = _answer(self.kind, self.result, model)
+        assert found is not None  # a result is required
+        return found
 
 
 class _QueueCommand(_Request):
@@ -201,7 +211,11 @@ class QueueCommandV1(_Request):
 
 
 class _Answer(BaseModel):
-    """The body of an accepted queue reply, as API.md shows it to the client."""
+    """The body of an accepted reply (`QueueReply`, `DsReply`, `KvReply`; an `AdminReply`'s
+    result), as API.md shows it to the client: the service that answers builds it, the ingress
+    reads it back with the reply's `answer` (any other shape refused) and answers with it (its
+    response models, but for `Subscribed`; a `KvAnswer` as its JSON body; an `AdminAnswer`
+    inside the report that names each owner), so the shape is stated once."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -234,7 +248,104 @@ class QueueMessage(_Answer):
     quota: bool | None = None
 
 
-AnswerT = TypeVar("AnswerT", bound=_Answer)
+class Subscribed(_Answer):
+    """A SUB accepted: the queue-writer's order of it (`QueueEvent.since`)."""
+
+    since: int = Field(ge=0)
+
+
+AnswerT = TypeVar("AnswerT")
+
+
+_ADAPTERS: dict[type[Any], TypeAdapter[Any]] = {}
+
+
+def _answer(kind: str, data: dict[str, Any] | None, model: type[AnswerT]) -> AnswerT | None:
+    """A reply's body as `model` (an `_Answer`, or a dataclass such as
+    `relay_ds.info.Description`), None when it has none, or `SchemaError` when the service
+    answered in another shape (never a half-read value)."""
+    if data is None:
+        return None
+    adapter = _ADAPTERS.get(model)
+    if adapter is None:
+        adapter = _ADAPTERS[model] = TypeAdapter(model)
+    try:
+        value: AnswerT = adapter.validate_python(data)
+        return value
+    except ValidationError as error:
+        raise SchemaError(f"{kind} data is not a {model.__name__}: {error}") from None
+
+
+class AdminAnswer(_Answer):
+    """The result of an admin operation at one owner (`AdminReply.answer`); the ingress
+    reports it with the owner's instance and partitions (`relay_ingress.admin`)."""
+
+
+class DumpStarted(AdminAnswer):
+    """`dump`: N of `store-(N).dump`, the dump started or the one already running."""
+
+    dump: int
+
+
+class DumpFinished(AdminAnswer):
+    """`dump` with `wait`: the finished dump."""
+
+    dump: int
+    records: int
+    """Queue records in the dump."""
+    bytes: int
+    pause_ms: float
+    """How long changes waited while the snapshot was taken."""
+    total_s: float
+
+
+class QueueWriterStats(AdminAnswer):
+    """`stats`: one queue-writer's queues."""
+
+    queues: int
+    """Queue records in the store log."""
+    messages: int
+    """Messages waiting in the queues (quota markers included)."""
+    bytes: int
+    """Bytes of those messages' records in the message files."""
+    open_queues: int
+    """Queues with state in memory now."""
+
+
+class QueuePart(AdminAnswer):
+    """`export` at a queue-writer: the part it wrote and its exact cut."""
+
+    folder: str
+    epoch: str
+    at_ms: int
+    offsets: dict[str, int]
+    """Command partition → first offset not applied."""
+    queues: int
+    messages: int
+    early: int
+    """Queues read ahead of the slices because a command was about to change them."""
+    longest_ms: float
+    read_s: float
+    total_s: float
+
+
+class RetainerPart(AdminAnswer):
+    """`export` at a retainer: the part it wrote and its cut (`relay_retainer.exports`). The
+    fields with defaults came later: an older retainer's answer is still read."""
+
+    folder: str
+    epoch: str
+    at_ms: int
+    publications: dict[str, int]
+    publications_upto: dict[str, int]
+    stores: dict[str, dict[str, int]] = {}
+    exact: bool = False
+    retained: int
+    streams: int
+    pause_ms: float
+    writes_during: int = 0
+    before_ms: float = 0.0
+    total_s: float
 
 
 class QueueReply(_Record):
@@ -251,12 +362,7 @@ class QueueReply(_Record):
     def answer(self, model: type[AnswerT]) -> AnswerT | None:
         """The body as the model of the command that was asked, or `SchemaError` when the
         queue-writer answered in another shape (never a half-read value)."""
-        if self.data is None:
-            return None
-        try:
-            return model.model_validate(self.data)
-        except ValidationError as error:
-            raise SchemaError(f"queue_reply data is not a {model.__name__}: {error}") from None
+        return _answer(self.kind, self.data, model)
 
 
 class QueueResync(_Record):
@@ -401,8 +507,8 @@ class TopicSubscription(_Record):
     kind: Literal["topic_sub"] = "topic_sub"
     v: Literal[1] = 1
     op: Literal["add", "remove", "drop_slot"]
-    slot: int = Field(ge=0)
-    conn: str = ""
+    slot: Slot = Field(ge=0)
+    conn: ConnId = ConnId("")
     filter: str = ""
 
 
@@ -412,17 +518,93 @@ class Fanout(_Record):
 
     kind: Literal["fanout"] = "fanout"
     v: Literal[1] = 1
-    conns: tuple[str, ...]
+    conns: tuple[ConnId, ...]
     topic: str
     payload: str
     """b64u."""
     ts: int
 
 
+# The bodies of the retainer's answers (`DsReply.answer`). Most are also the API's response
+# models, whose class docstring would become the OpenAPI description: those say in a comment
+# which operation they answer.
+
+
+class Stored(_Answer):
+    # `store`: messages made durable.
+    stored: int
+
+
+class RankedStream(_Answer):
+    rank: tuple[int, int]
+    """(X, Y): streams with different X may be replayed in parallel; with the same X, in order
+    of Y (seed 003)."""
+    stream: str
+
+
+class StreamsFound(_Answer):
+    """`streams`: one part of one retainer's streams (each part of a long answer is one)."""
+
+    streams: list[RankedStream]
+
+
+class IteratorMade(_Answer):
+    # `iterator`.
+    iterator: str
+
+
+class StoredMessage(_Answer):
+    topic: str
+    payload: str
+    """b64u."""
+    ts: int
+
+
+class NextMessages(_Answer):
+    # `next`.
+    messages: list[StoredMessage]
+    iterator: str
+    end_of_stream: bool
+
+
+class RetainedMessage(_Answer):
+    # A retained `read`, and each message of a `match`.
+    topic: str
+    payload: str
+    """b64u."""
+    ts: int
+    expires_at: int | None
+
+
+class RetainedMatch(_Answer):
+    """A retained `match`: up to `limit` messages in the retained store's topic order, and
+    whether more follow."""
+
+    messages: list[RetainedMessage]
+    more: bool
+
+
+class RetainedTopic(_Answer):
+    topic: str
+
+
+class RetainedTopics(_Answer):
+    """A retained `match` with `keys_only`: topics only."""
+
+    messages: list[RetainedTopic]
+    more: bool
+
+
+class RetainedSize(_Answer):
+    # A retained `size`.
+    size: int
+
+
 class DsReply(_Record):
     """A retainer's answer to a `DsRequest`, a `RetainedRequest` or a retained `Publication`,
     for one partition; a long answer (many streams) comes in `parts` records, numbered by
-    `part`."""
+    `part`. Its body is the `_Answer` model of the operation asked (`describe`:
+    `relay_ds.info.Description`; writes and admin changes: none), read with `answer`."""
 
     kind: Literal["ds_reply"] = "ds_reply"
     v: Literal[1] = 1
@@ -437,6 +619,10 @@ class DsReply(_Record):
     detail: str = ""
     part: int = Field(0, ge=0)
     parts: int = Field(1, ge=1)
+
+    def answer(self, model: type[AnswerT]) -> AnswerT | None:
+        """The body as `model`, or `SchemaError` when the retainer answered in another shape."""
+        return _answer(self.kind, self.data, model)
 
 
 class KvRequest(_Request):
@@ -486,7 +672,90 @@ class KvRequest(_Request):
     """The replicator sites a membership change is to end with (view_change)."""
 
 
+class KvAnswer(_Answer):
+    """The body of a coordinating replicator's answer (`KvReply.answer`), in the order and
+    shape `/v1/kv` and `/admin/kv` answer with it."""
+
+
+class KvVersion(KvAnswer):
+    # `put`, `delete`, `members`, `field_put`, `field_delete`: the write's version.
+    version: str
+
+
+class KvRegister(KvAnswer):
+    # `get`, `field_get`: a value (b64u), its version and when it expires (ms, or None).
+    value: str
+    version: str
+    expires_at: int | None
+
+
+class KvMembers(KvAnswer):
+    # `list_members`: a page of b64u members, and the cursor of the next (None: the last).
+    members: list[str]
+    cursor: str | None
+
+
+class KvField(_Answer):
+    field: str
+    value: str
+    """b64u."""
+    version: str
+
+
+class KvFields(KvAnswer):
+    # `list_fields`: a page of fields, and the cursor of the next (None: the last).
+    fields: list[KvField]
+    cursor: str | None
+
+
+class KvNamespace(KvAnswer):
+    # `ns_put`: the namespace's new token (shown once) and its quorum settings.
+    token: str
+    n: int
+    r: int
+    w: int
+    gc_grace_s: int
+
+
+class KvView(_Answer):
+    # The replicators' sites as of one view version (`relay_kv.membership.View`).
+    version: StrictInt
+    sites: list[str]
+
+
+class KvViewChange(_Answer):
+    # A change of view under way (`relay_kv.membership.Change`).
+    old: KvView
+    new: KvView
+    step: Literal["pulling", "reading_new"] = "pulling"
+
+
+class KvMembership(KvAnswer):
+    # `view`: one replicator's membership state, with who is down and the largest N.
+    site: str
+    established: bool
+    view: KvView
+    sites: dict[str, str]
+    """Site id → URL."""
+    change: KvViewChange | None
+    participants: list[str]
+    reports: dict[str, int]
+    """Site id → `relay_kv.membership.Report`."""
+    down: list[str]
+    max_n: int
+
+
+class KvViewChanging(KvAnswer):
+    # `view_change` (202): the version of the view the change under way ends with (or, for a
+    # change to the view as it is, that view's).
+    version: StrictInt
+
+
 class KvReply(_Record):
+    """The coordinating replicator's answer to a `KvRequest`: its body is the `_Answer` model
+    of the operation asked (`KvVersion`, `KvRegister`, `KvMembers`, `KvFields`,
+    `KvNamespace`, `KvMembership`, `KvViewChanging`), read with `answer`."""
+
     kind: Literal["kv_reply"] = "kv_reply"
     v: Literal[1] = 1
     id: str
@@ -496,6 +765,11 @@ class KvReply(_Record):
     data: dict[str, Any] | None = None
     code: str | None = None
     detail: str = ""
+
+    def answer(self, model: type[AnswerT]) -> AnswerT | None:
+        """The body as `model`, or `SchemaError` when the replicator answered in another
+        shape."""
+        return _answer(self.kind, self.data, model)
 
 
 class Epoch(_Record):

@@ -16,7 +16,10 @@ from __future__ import annotations
 import base64
 import re
 
-_ALPHABET = re.compile(r"[A-Za-z0-9_-]*")
+PATTERN = r"^(?:[A-Za-z0-9_-]{4})*(?:[A-Za-z0-9_-]{2,3})?$"
+"""The strings `unb64u` accepts, as a regular expression (the API's schemas use it): the
+alphabet, never a length of 1 mod 4."""
+_FORM = re.compile(PATTERN)
 
 
 def b64u(data: bytes) -> str:
@@ -26,7 +29,7 @@ def b64u(data: bytes) -> str:
 
 def unb64u(text: str) -> bytes:
     """The bytes of base64url `text` without padding; `ValueError` for anything else."""
-    if not _ALPHABET.fullmatch(text) or len(text) % 4 == 1:
+    if not _FORM.fullmatch(text):
         raise ValueError("not base64url")
     # Every string of the alphabet whose length is not 1 mod 4 decodes: no error is left.
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))

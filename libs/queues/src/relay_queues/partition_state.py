@@ -26,8 +26,6 @@ move, reaching the new owner, is stored again (decision 0019, still to do).
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -202,8 +200,8 @@ def _bytes(value: Any, what: str) -> bytes:
     if not isinstance(value, str):
         raise ValueError(f"{what} must be base64url text")
     try:
-        return base64.urlsafe_b64decode(value + "=" * (-len(value) % 4))
-    except (binascii.Error, ValueError):
+        return ids.unb64u(value)
+    except ValueError:
         raise ValueError(f"{what} is not base64url") from None
 
 

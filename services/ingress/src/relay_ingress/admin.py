@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-from typing import Annotated, Any
+from collections.abc import Callable
+from typing import Annotated, TypeVar
 
 from fastapi import APIRouter, Depends, Header, Query, Response
 from pydantic import BaseModel
@@ -17,6 +18,8 @@ from relay_bus import schemas, topics
 from relay_ingress import asking
 from relay_ingress.context import Ctx
 from relay_ingress.errors import ApiError, documented
+
+AnswerT = TypeVar("AnswerT", bound=schemas.AdminAnswer)
 
 router = APIRouter(prefix="/admin", tags=["admin"], responses=documented(400, 403, 503))
 
@@ -107,13 +110,18 @@ class DumpReport(BaseModel):
     writers: list[WriterDump]
 
 
-def _by_writer(replies: list[schemas.AdminReply]) -> list[tuple[str, list[int], dict[str, Any]]]:
-    """One entry per queue-writer instance, in partition order, with the partitions it owns."""
-    writers: dict[str, tuple[str, list[int], dict[str, Any]]] = {}
+def _by_writer(
+    replies: list[schemas.AdminReply], model: type[AnswerT]
+) -> list[tuple[str, list[int], AnswerT]]:
+    """One entry per owner instance, in partition order, with the partitions it owns and its
+    result read back as `model` (503 for another shape)."""
+    owners: dict[str, tuple[str, list[int], AnswerT]] = {}
     for reply in replies:
-        entry = writers.setdefault(reply.instance, (reply.instance, [], reply.result))
+        entry = owners.get(reply.instance)
+        if entry is None:
+            entry = owners[reply.instance] = (reply.instance, [], asking.required(reply, model))
         entry[1].append(reply.partition)
-    return list(writers.values())
+    return list(owners.values())
 
 
 @router.post(
@@ -137,9 +145,10 @@ async def dump(
         lambda routing: schemas.AdminRequest(**routing, op="dump", wait=wait),
         timeout_s or ctx.config.admin_timeout_s,
     )
+    model = schemas.DumpFinished if wait else schemas.DumpStarted
     writers = [
-        WriterDump(instance=instance, partitions=partitions, **result)
-        for instance, partitions, result in _by_writer(replies)
+        WriterDump(instance=instance, partitions=partitions, **result.model_dump())
+        for instance, partitions, result in _by_writer(replies, model)
     ]
     if wait:
         response.status_code = 200
@@ -219,12 +228,14 @@ class ExportReport(BaseModel):
 
 
 def _positions(
-    owners: list[tuple[str, list[int], dict[str, Any]]], key: str, epoch: str
+    owners: list[tuple[str, list[int], AnswerT]],
+    key: Callable[[AnswerT], dict[str, int]],
+    epoch: str,
 ) -> dict[str, str]:
     found = {}
     for _, partitions, result in owners:
         for partition in partitions:
-            found[partition] = result[key].get(str(partition), 0)
+            found[partition] = key(result).get(str(partition), 0)
     return {str(p): f"{epoch}:{o}" for p, o in sorted(found.items())}
 
 
@@ -251,8 +262,10 @@ async def export(
             "publication",
         ),
     )
-    writers, retainers = _by_writer(writer_replies), _by_writer(retainer_replies)
-    epochs = {result["epoch"] for _, _, result in writers + retainers}
+    writers = _by_writer(writer_replies, schemas.QueuePart)
+    retainers = _by_writer(retainer_replies, schemas.RetainerPart)
+    parts = [result for _, _, result in writers] + [result for _, _, result in retainers]
+    epochs = {part.epoch for part in parts}
     if len(epochs) != 1:
         raise ApiError(
             503, "UNAVAILABLE", f"the owners' cuts name {len(epochs)} broker epochs; export again"
@@ -260,16 +273,23 @@ async def export(
     epoch = epochs.pop()
     cut = ExportCut(
         epoch=epoch,
-        at_ms=max(result["at_ms"] for _, _, result in writers + retainers),
-        queue_commands=_positions(writers, "offsets", epoch),
-        publications=_positions(retainers, "publications", epoch),
-        publications_upto=_positions(retainers, "publications_upto", epoch),
+        at_ms=max(part.at_ms for part in parts),
+        queue_commands=_positions(writers, lambda part: part.offsets, epoch),
+        publications=_positions(retainers, lambda part: part.publications, epoch),
+        publications_upto=_positions(retainers, lambda part: part.publications_upto, epoch),
     )
+    unshown = {"epoch"}  # the cut's, once for all
     return ExportReport(
         export=writer_replies[0].id,
         cut=cut,
-        writers=[WriterExport(instance=i, partitions=p, **r) for i, p, r in writers],
-        retainers=[RetainerExport(instance=i, partitions=p, **r) for i, p, r in retainers],
+        writers=[
+            WriterExport(instance=i, partitions=p, **r.model_dump(exclude=unshown))
+            for i, p, r in writers
+        ],
+        retainers=[
+            RetainerExport(instance=i, partitions=p, **r.model_dump(exclude=unshown))
+            for i, p, r in retainers
+        ],
     )
 
 
@@ -305,8 +325,8 @@ async def queue_stats(
         timeout_s or ctx.config.admin_timeout_s,
     )
     writers = [
-        WriterStats(instance=instance, partitions=partitions, **result)
-        for instance, partitions, result in _by_writer(replies)
+        WriterStats(instance=instance, partitions=partitions, **result.model_dump())
+        for instance, partitions, result in _by_writer(replies, schemas.QueueWriterStats)
     ]
     keys = ("queues", "messages", "bytes", "open_queues")
     total = {key: sum(getattr(writer, key) for writer in writers) for key in keys}

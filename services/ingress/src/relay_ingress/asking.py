@@ -84,6 +84,38 @@ def _accepted(reply: schemas.QueueReply | schemas.DsReply | schemas.KvReply) -> 
         raise ApiError(reply.status, reply.code, reply.detail)
 
 
+Answered = schemas.QueueReply | schemas.DsReply | schemas.KvReply | schemas.AdminReply
+_WHO = {
+    "queue_reply": "queue-writer",
+    "ds_reply": "retainer",
+    "kv_reply": "replicator",
+    "admin_reply": "owner",
+}
+
+
+def answer(reply: Answered, model: type[schemas.AnswerT]) -> schemas.AnswerT | None:
+    """An accepted reply's body as `model` (`relay_bus.schemas`); 503 when the service
+    answered in another shape (a build mismatch during an upgrade: the client may retry)."""
+    try:
+        return reply.answer(model)
+    except schemas.SchemaError as error:
+        raise ApiError(503, "UNAVAILABLE", f"unexpected answer: {error}") from None
+
+
+def required(reply: Answered, model: type[schemas.AnswerT]) -> schemas.AnswerT:
+    """`answer`, for an answer that must have a body (503 without one)."""
+    found = answer(reply, model)
+    if found is None:
+        raise ApiError(503, "UNAVAILABLE", f"the {_WHO[reply.kind]} answered without a body")
+    return found
+
+
+def answers(replies: list[schemas.DsReply], model: type[schemas.AnswerT]) -> list[schemas.AnswerT]:
+    """The bodies of every retainer's replies that have one (`every_retainer`: a retainer's
+    data travels on one of its partitions' replies only), each as `model`."""
+    return [found for reply in replies if (found := answer(reply, model)) is not None]
+
+
 async def ping(ctx: Context, wait_s: float) -> schemas.Ping:
     """Send a ping through every service; its reply comes back with every hop stamped."""
     request = schemas.Ping(**_routing(ctx, wait_s), started_ms=schemas.now_ms_())

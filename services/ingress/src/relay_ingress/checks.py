@@ -10,11 +10,12 @@ from urllib.parse import unquote_to_bytes
 from pydantic import BaseModel, BeforeValidator, ConfigDict
 from starlette.requests import HTTPConnection
 
+from relay_durable import codec
 from relay_ingress.errors import ApiError
 from relay_topics import rules as topic_rules
 
-B64U_PATTERN = r"^(?:[A-Za-z0-9_-]{4})*(?:[A-Za-z0-9_-]{2,3})?$"
-"""Base64url without padding (for API schemas): never a length of 1 mod 4."""
+B64U_PATTERN = codec.PATTERN
+"""Base64url without padding (for API schemas): what `relay_durable.codec` decodes."""
 
 
 def _json_integer(value: object) -> object:

@@ -23,7 +23,7 @@ import asyncio
 from typing import Annotated
 
 from fastapi import APIRouter, Body, Path, Query
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from relay_bus import routing, schemas
 from relay_ds import batches, tokens
@@ -55,38 +55,10 @@ class NewMessage(StrictBody):
     write reaches Kafka, so the archive holds the ts the store keeps; decision 0012)."""
 
 
-class Stored(BaseModel):
-    stored: int
-    """Messages made durable."""
-
-
-class RankedStream(BaseModel):
-    rank: tuple[int, int]
-    """(X, Y): streams with different X may be replayed in parallel; with the same X, in order
-    of Y (seed 003)."""
-    stream: str
-
-
 class NewIterator(StrictBody):
     stream: str = Field(pattern=routing.ADDRESS_PATTERN, description="a stream string")
     filter: str = Field(min_length=1, pattern=topic_rules.FILTER_PATTERN)
     start: Ts = 0
-
-
-class IteratorMade(BaseModel):
-    iterator: str
-
-
-class StoredMessage(BaseModel):
-    topic: str
-    payload: str
-    ts: int
-
-
-class NextMessages(BaseModel):
-    messages: list[StoredMessage]
-    iterator: str
-    end_of_stream: bool
 
 
 def _addressed(ctx: Context, text: str, what: str) -> tuple[int, str]:
@@ -118,10 +90,10 @@ def _iterator_token(ctx: Context, db: str, text: str) -> tuple[int, str]:
     return partition, inner
 
 
-@router.post("/{db}/messages", status_code=201, response_model=Stored)
+@router.post("/{db}/messages", status_code=201, response_model=schemas.Stored)
 async def store(
     ctx: Ctx, db: DbPath, messages: Annotated[list[NewMessage], Body(min_length=1)]
-) -> Stored:
+) -> schemas.Stored:
     """Store a batch; 201 once every message is durable (fsynced at its retainer)."""
     config = ctx.config
     limits = batches.BatchLimits(
@@ -146,10 +118,10 @@ async def store(
             for partition, part in parts.items()
         )
     )
-    return Stored(stored=len(messages))
+    return schemas.Stored(stored=len(messages))
 
 
-@router.get("/{db}/streams", response_model=list[RankedStream])
+@router.get("/{db}/streams", response_model=list[schemas.RankedStream])
 async def streams(
     ctx: Ctx,
     db: DbPath,
@@ -157,42 +129,35 @@ async def streams(
         str, Query(min_length=1, pattern=topic_rules.FILTER_PATTERN, description="topic filter")
     ],
     start: Annotated[int, Query(ge=0, le=MAX_TS_JSON, description="Unix ms")] = 0,
-) -> list[RankedStream]:
+) -> list[schemas.RankedStream]:
     """Streams that may hold messages matching the filter from `start`, from every retainer,
     sorted by rank."""
     parse_filter(filter)
     replies = await asking.every_retainer(ctx, op="streams", db=db, filter=filter, start=start)
-    found = [
-        RankedStream(rank=(entry["rank"][0], entry["rank"][1]), stream=entry["stream"])
-        for reply in replies
-        if reply.data is not None
-        for entry in reply.data["streams"]
-    ]
+    found = [s for part in asking.answers(replies, schemas.StreamsFound) for s in part.streams]
     found.sort(key=lambda ranked: ranked.rank)  # stable: each owner's order within a rank
     return found
 
 
-@router.post("/{db}/iterators", status_code=201, response_model=IteratorMade)
-async def make_iterator(ctx: Ctx, db: DbPath, new: NewIterator) -> IteratorMade:
+@router.post("/{db}/iterators", status_code=201, response_model=schemas.IteratorMade)
+async def make_iterator(ctx: Ctx, db: DbPath, new: NewIterator) -> schemas.IteratorMade:
     partition, inner = _stream_token(ctx, db, new.stream)
     parse_filter(new.filter)
     reply = await asking.retainer(
         ctx, partition, op="iterator", db=db, stream=inner, filter=new.filter, start=new.start
     )
-    assert reply.data is not None
-    return IteratorMade(**reply.data)
+    return asking.required(reply, schemas.IteratorMade)
 
 
-@router.get("/{db}/next", response_model=NextMessages)
+@router.get("/{db}/next", response_model=schemas.NextMessages)
 async def next_messages(
     ctx: Ctx,
     db: DbPath,
     iterator: Annotated[str, Query(pattern=routing.ADDRESS_PATTERN, description="an iterator")],
     n: Annotated[int, Query(ge=1, le=MAX_NEXT)] = 100,
-) -> NextMessages:
+) -> schemas.NextMessages:
     """Up to `n` messages after the iterator (fewer when the answer reaches its size limit),
     the iterator to continue from, and whether the stream has ended."""
     partition, inner = _iterator_token(ctx, db, iterator)
     reply = await asking.retainer(ctx, partition, op="next", db=db, iterator=inner, n=n)
-    assert reply.data is not None
-    return NextMessages(**reply.data)
+    return asking.required(reply, schemas.NextMessages)

@@ -33,8 +33,8 @@ from contextlib import contextmanager
 from typing import Annotated
 
 from fastapi import APIRouter, Body, Path, Response
-from pydantic import TypeAdapter
 
+from relay_bus import schemas
 from relay_ds import sites, targets, tokens
 from relay_ds.errors import Refused, Unknown
 from relay_ds.info import Description, DsInfo, KvStorage, Site, Storage
@@ -51,7 +51,6 @@ router = APIRouter(prefix="/ds", tags=["durable storage admin"], responses=docum
 SitePath = Annotated[str, Path(pattern=sites.SITE_PATTERN, description="site id, 16 hex digits")]
 DsPath = Annotated[str, Path(pattern=tokens.NAME_PATTERN, description="durable storage")]
 OK = "OK"
-_DESCRIPTION = TypeAdapter(Description)
 
 
 @contextmanager
@@ -80,9 +79,9 @@ async def _stored(ctx: Context, name: str) -> targets.TargetRecord | None:
         if error.code == "NOT_FOUND":
             return None
         raise
-    data = reply.data or {}
+    found = asking.required(reply, schemas.KvRegister)
     try:
-        return targets.decode(codec.unb64u(str(data.get("value", ""))))
+        return targets.decode(codec.unb64u(found.value))
     except (ValueError, Refused) as error:
         detail = f"the target record of {name!r} is damaged: {error}"
         raise ApiError(503, "UNAVAILABLE", detail) from None
@@ -92,7 +91,7 @@ async def _view(ctx: Context, only: Iterable[str] | None = None) -> View:
     """Every retainer's description merged with the target records of `only` (the storage
     names given) or of every storage the retainers hold."""
     replies = await asking.every_retainer(ctx, op="describe")
-    descriptions = [_DESCRIPTION.validate_python(r.data) for r in replies if r.data is not None]
+    descriptions = asking.answers(replies, Description)
     names = sorted(
         set(only) if only is not None else {s.name for d in descriptions for s in d.storages}
     )

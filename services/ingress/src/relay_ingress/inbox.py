@@ -2,7 +2,7 @@
 waiting for a reply on it.
 
 Invariants:
-- an instance reads only the inbox slot it holds a Redis lease for (`relay:ingress:inbox:<n>`,
+- an instance reads only the inbox slot it holds a Redis lease for (`relay_routes.leases`,
   renewed every `LEASE_S / 3`), so replies reach the instance whose caller waits;
 - it reads from the slot's end offset at the time it took the slot, so replies written for an
   earlier holder before then are never read; after a broker log loss, from offset 0;
@@ -24,6 +24,7 @@ from redis.exceptions import LockError, RedisError
 from relay_bus import schemas, topics
 from relay_bus.bus import Bus
 from relay_bus.consumers import Received
+from relay_routes import leases
 from relay_runtime import exits
 from relay_runtime.readiness import Readiness
 
@@ -63,7 +64,7 @@ class Inbox:
     async def lease(self) -> int:
         """Take the first free slot or raise `StartupError` when every slot is held."""
         for slot in range(self.slots):
-            lock = self.redis.lock(f"relay:ingress:inbox:{slot}", timeout=LEASE_S, blocking=False)
+            lock = leases.inbox_lease(self.redis, slot, LEASE_S)
             if await lock.acquire(token=self.instance):
                 self.slot, self._lock = slot, lock
                 self.readiness.set("inbox", True)

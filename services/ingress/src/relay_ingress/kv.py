@@ -14,6 +14,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Path, Query
 from pydantic import Field
 
+from relay_bus import schemas
 from relay_ingress import asking
 from relay_ingress.admin import Admin
 from relay_ingress.checks import B64U_PATTERN, JSON_INTEGER, StrictBody
@@ -58,8 +59,20 @@ def _token(authorization: str | None) -> str:
     return names.token_hash(authorization.removeprefix("Bearer "))
 
 
+def _body(reply: schemas.KvReply, model: type[schemas.KvAnswer]) -> dict[str, Any]:
+    """The replicator's answer read back as `model` (503 for another shape), as the API's
+    JSON body."""
+    return asking.required(reply, model).model_dump()
+
+
 async def _ask(
-    ctx: Ctx, op: str, ns: str, key: str, authorization: str | None, **fields: Any
+    ctx: Ctx,
+    op: str,
+    model: type[schemas.KvAnswer],
+    ns: str,
+    key: str,
+    authorization: str | None,
+    **fields: Any,
 ) -> dict[str, Any]:
     try:
         names.check_key(key)
@@ -74,7 +87,7 @@ async def _ask(
         token_sha256=_token(authorization),
         **fields,
     )
-    return reply.data or {}
+    return _body(reply, model)
 
 
 Auth = Annotated[str | None, Header()]
@@ -91,7 +104,7 @@ async def put_namespace(ctx: Ctx, ns: Namespace, body: NamespaceBody, _: Admin) 
         admin=True,
         **body.model_dump(),
     )
-    return reply.data or {}
+    return _body(reply, schemas.KvNamespace)
 
 
 @router.put("/{ns}/{key}")
@@ -103,14 +116,24 @@ async def put_value(
     authorization: Auth = None,
     w: Quorum = None,
 ) -> dict[str, Any]:
-    return await _ask(ctx, "put", ns, key, authorization, value=body.value, ttl_s=body.ttl_s, w=w)
+    return await _ask(
+        ctx,
+        "put",
+        schemas.KvVersion,
+        ns,
+        key,
+        authorization,
+        value=body.value,
+        ttl_s=body.ttl_s,
+        w=w,
+    )
 
 
 @router.get("/{ns}/{key}")
 async def get_value(
     ctx: Ctx, ns: Namespace, key: Key, authorization: Auth = None, r: Quorum = None
 ) -> dict[str, Any]:
-    return await _ask(ctx, "get", ns, key, authorization, r=r)
+    return await _ask(ctx, "get", schemas.KvRegister, ns, key, authorization, r=r)
 
 
 @router.delete("/{ns}/{key}")
@@ -122,7 +145,7 @@ async def delete_value(
     r: Quorum = None,
     w: Quorum = None,
 ) -> dict[str, Any]:
-    return await _ask(ctx, "delete", ns, key, authorization, r=r, w=w)
+    return await _ask(ctx, "delete", schemas.KvVersion, ns, key, authorization, r=r, w=w)
 
 
 @router.post("/{ns}/{key}/members")
@@ -138,6 +161,7 @@ async def change_members(
     return await _ask(
         ctx,
         "members",
+        schemas.KvVersion,
         ns,
         key,
         authorization,
@@ -159,7 +183,17 @@ async def list_members(
     cursor: Annotated[str | None, Query(pattern=B64U_PATTERN, max_length=2048)] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> dict[str, Any]:
-    return await _ask(ctx, "list_members", ns, key, authorization, cursor=cursor, limit=limit, r=r)
+    return await _ask(
+        ctx,
+        "list_members",
+        schemas.KvMembers,
+        ns,
+        key,
+        authorization,
+        cursor=cursor,
+        limit=limit,
+        r=r,
+    )
 
 
 @router.put("/{ns}/{key}/fields/{field}")
@@ -176,6 +210,7 @@ async def put_field(
     return await _ask(
         ctx,
         "field_put",
+        schemas.KvVersion,
         ns,
         key,
         authorization,
@@ -191,7 +226,9 @@ async def put_field(
 async def get_field(
     ctx: Ctx, ns: Namespace, key: Key, field: Key, authorization: Auth = None, r: Quorum = None
 ) -> dict[str, Any]:
-    return await _ask(ctx, "field_get", ns, key, authorization, field=field, r=r)
+    return await _ask(
+        ctx, "field_get", schemas.KvRegister, ns, key, authorization, field=field, r=r
+    )
 
 
 @router.delete("/{ns}/{key}/fields/{field}")
@@ -203,7 +240,9 @@ async def delete_field(
     authorization: Auth = None,
     w: Quorum = None,
 ) -> dict[str, Any]:
-    return await _ask(ctx, "field_delete", ns, key, authorization, field=field, w=w)
+    return await _ask(
+        ctx, "field_delete", schemas.KvVersion, ns, key, authorization, field=field, w=w
+    )
 
 
 @router.get("/{ns}/{key}/fields")
@@ -216,4 +255,14 @@ async def list_fields(
     cursor: Annotated[str | None, Query(pattern=B64U_PATTERN, max_length=2048)] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> dict[str, Any]:
-    return await _ask(ctx, "list_fields", ns, key, authorization, cursor=cursor, limit=limit, r=r)
+    return await _ask(
+        ctx,
+        "list_fields",
+        schemas.KvFields,
+        ns,
+        key,
+        authorization,
+        cursor=cursor,
+        limit=limit,
+        r=r,
+    )

@@ -14,8 +14,7 @@ request is sent.
 
 from __future__ import annotations
 
-from typing import Any
-
+from relay_bus import schemas
 from relay_ds import info, sites
 from relay_ds.errors import Refused
 from relay_ingress import asking
@@ -28,38 +27,37 @@ ALL_SHARDS = "0-65535"
 _NS = "$members"
 
 
-async def membership(ctx: Context) -> dict[str, Any]:
+async def membership(ctx: Context) -> schemas.KvMembership:
     """A replicator's `view` answer (its view, change, reports, who is down)."""
     reply = await asking.replicator(ctx, 0, op="view", ns=_NS, admin=True)
-    return reply.data or {}
+    return asking.required(reply, schemas.KvMembership)
 
 
-def _target(state: dict[str, Any]) -> list[sites.SiteId]:
-    change = state.get("change")
-    chosen = change["new"]["sites"] if change else state["view"]["sites"]
+def _target(state: schemas.KvMembership) -> list[sites.SiteId]:
+    chosen = state.change.new.sites if state.change else state.view.sites
     return [sites.SiteId(s) for s in chosen]
 
 
 async def storage(ctx: Context) -> info.KvStorage:
     state = await membership(ctx)
-    view = [sites.SiteId(s) for s in state["view"]["sites"]]
-    down = set(state.get("down", ()))
-    change = state.get("change")
+    view = [sites.SiteId(s) for s in state.view.sites]
+    down = set(state.down)
+    change = state.change
     replicas = [info.Replica(s, info.DOWN if s in down else info.UP) for s in view]
     transitions: list[info.Transition] = []
     shown: info.KvChange | None = None
     if change:
-        new = [sites.SiteId(s) for s in change["new"]["sites"]]
+        new = [sites.SiteId(s) for s in change.new.sites]
         transitions = [info.Transition(s, info.JOINING) for s in new if s not in view] + [
             info.Transition(s, info.LEAVING) for s in view if s not in new
         ]
         names = {1: "installed", 2: "pulled", 3: "reading_new", 4: "done"}
-        reports = {str(s): names.get(int(r), str(r)) for s, r in state["reports"].items()}
-        shown = info.KvChange(int(change["new"]["version"]), new, reports)
+        reports = {str(s): names.get(r, str(r)) for s, r in state.reports.items()}
+        shown = info.KvChange(change.new.version, new, reports)
     return info.KvStorage(
         NAME,
         [info.Shard(ALL_SHARDS, replicas, transitions)],
-        int(state["view"]["version"]),
+        state.view.version,
         view,
         shown,
     )

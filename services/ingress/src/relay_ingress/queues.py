@@ -99,25 +99,9 @@ async def _recipient(
     )
 
 
-def _answer(reply: schemas.QueueReply, model: type[schemas.AnswerT]) -> schemas.AnswerT | None:
-    """The reply's body as `model`; 503 when the queue-writer answered in another shape (a
-    build mismatch during an upgrade: the client may retry)."""
-    try:
-        return reply.answer(model)
-    except schemas.SchemaError as error:
-        raise ApiError(503, "UNAVAILABLE", f"unexpected answer: {error}") from None
-
-
-def _required(reply: schemas.QueueReply, model: type[schemas.AnswerT]) -> schemas.AnswerT:
-    answer = _answer(reply, model)
-    if answer is None:
-        raise ApiError(503, "UNAVAILABLE", "the queue-writer answered without a body")
-    return answer
-
-
 def _message(reply: schemas.QueueReply) -> schemas.QueueMessage | Response:
     """200 with the message, or 204 when the queue is empty."""
-    message = _answer(reply, schemas.QueueMessage)
+    message = asking.answer(reply, schemas.QueueMessage)
     return Response(status_code=204) if message is None else message
 
 
@@ -137,7 +121,7 @@ async def create_queue(ctx: Ctx, new: NewQueue) -> schemas.QueueCreated:
         sender=sender,
         recipient_key=new.recipient_key,
     )
-    return _required(reply, schemas.QueueCreated)
+    return asking.required(reply, schemas.QueueCreated)
 
 
 SEND_UNKNOWN = (
@@ -193,13 +177,13 @@ async def send(
         ttl_s=message.ttl_s,
         key=key,
     )
-    return _required(reply, schemas.Sent)
+    return asking.required(reply, schemas.Sent)
 
 
 @router.get("/queues/{recipient_id}", response_model=schemas.QueueInfo)
 async def queue_info(ctx: Ctx, recipient_id: IdPath, signed: Signed) -> schemas.QueueInfo:
     reply = await _recipient(ctx, schemas.ReadInfo, recipient_id, signed)
-    return _required(reply, schemas.QueueInfo)
+    return asking.required(reply, schemas.QueueInfo)
 
 
 @router.get(

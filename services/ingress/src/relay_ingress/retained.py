@@ -65,21 +65,10 @@ class Published(BaseModel):
     ts: int
 
 
-class RetainedMessage(BaseModel):
-    topic: str
-    payload: str
-    ts: int
-    expires_at: int | None
-
-
 class RetainedPage(BaseModel):
-    messages: list[RetainedMessage]
+    messages: list[schemas.RetainedMessage]
     cursor: str | None
     """Pass it back as `cursor` for the next page; null once there is none."""
-
-
-class RetainedSize(BaseModel):
-    size: int
 
 
 class PageMeta(BaseModel):
@@ -94,7 +83,7 @@ class PageMeta(BaseModel):
 
 
 class AdminPage(BaseModel):
-    data: list[RetainedMessage]
+    data: list[schemas.RetainedMessage]
     meta: PageMeta
 
 
@@ -160,8 +149,8 @@ async def publish(
 
 
 async def _page(
-    ctx: Context, topic_filter: str, after: str | None, limit: int, keys_only: bool = False
-) -> tuple[list[dict[str, Any]], bool]:
+    ctx: Context, topic_filter: str, after: str | None, limit: int
+) -> tuple[list[schemas.RetainedMessage], bool]:
     """Up to `limit` retained messages matching the filter after topic `after`, merged from
     every retainer in topic order, and whether more follow."""
     levels = parse_filter(topic_filter)
@@ -171,27 +160,34 @@ async def _page(
         found = await read_one(ctx, topic_filter)
         return ([] if found is None else [found]), False
     replies = await asking.every_retainer(
+        ctx, schemas.RetainedRequest, op="match", filter=topic_filter, after=after, limit=limit
+    )
+    answers = asking.answers(replies, schemas.RetainedMatch)
+    return pages.merge_pages([(a.messages, a.more) for a in answers], limit, _topic_of)
+
+
+async def _topics_page(
+    ctx: Context, after: str | None, limit: int
+) -> tuple[list[schemas.RetainedTopic], bool]:
+    """`_page` of `#`, topics only (no payloads)."""
+    replies = await asking.every_retainer(
         ctx,
         schemas.RetainedRequest,
         op="match",
-        filter=topic_filter,
+        filter="#",
         after=after,
         limit=limit,
-        keys_only=keys_only,
+        keys_only=True,
     )
-    answers = [
-        (reply.data["messages"], bool(reply.data["more"]))
-        for reply in replies
-        if reply.data is not None
-    ]
-    return pages.merge_pages(answers, limit, _topic_of)
+    answers = asking.answers(replies, schemas.RetainedTopics)
+    return pages.merge_pages([(a.messages, a.more) for a in answers], limit, _topic_of)
 
 
-def _topic_of(message: dict[str, Any]) -> str:
-    return str(message["topic"])
+def _topic_of(message: schemas.RetainedMessage | schemas.RetainedTopic) -> str:
+    return message.topic
 
 
-async def read_one(ctx: Context, topic: str) -> dict[str, Any] | None:
+async def read_one(ctx: Context, topic: str) -> schemas.RetainedMessage | None:
     partition = routing.partition_of_topic(topic, ctx.config.kafka.partitions)
     try:
         reply = await asking.retainer(
@@ -201,16 +197,16 @@ async def read_one(ctx: Context, topic: str) -> dict[str, Any] | None:
         if error.code == "NOT_FOUND":
             return None
         raise
-    return reply.data
+    return asking.required(reply, schemas.RetainedMessage)
 
 
 async def retained_pages(
     ctx: Context, topic_filter: str, limit: int = 500
-) -> AsyncIterator[list[dict[str, Any]]]:
+) -> AsyncIterator[list[schemas.RetainedMessage]]:
     """Every retained message matching the filter, page by page, in topic order (the
     WebSocket's SUBSCRIBE): one page in memory at a time."""
 
-    async def fetch(after: str | None, limit: int) -> tuple[list[dict[str, Any]], bool]:
+    async def fetch(after: str | None, limit: int) -> tuple[list[schemas.RetainedMessage], bool]:
         return await _page(ctx, topic_filter, after, limit)
 
     async for page in pages.walk(fetch, limit, _topic_of):
@@ -219,7 +215,7 @@ async def retained_pages(
 
 async def size(ctx: Context) -> int:
     replies = await asking.every_retainer(ctx, schemas.RetainedRequest, op="size")
-    return sum(int(reply.data["size"]) for reply in replies if reply.data is not None)
+    return sum(answer.size for answer in asking.answers(replies, schemas.RetainedSize))
 
 
 def _address(request: Request) -> str:
@@ -253,20 +249,22 @@ async def retained(
     """Retained messages matching the filter, in topic order, a page at a time."""
     after = decode_cursor(cursor) if cursor is not None else None
     page, more = await _page(ctx, filter, after, limit)
-    next_cursor = encode_cursor(page[-1]["topic"]) if more and page else None
-    return RetainedPage(messages=[RetainedMessage(**m) for m in page], cursor=next_cursor)
+    next_cursor = encode_cursor(page[-1].topic) if more and page else None
+    return RetainedPage(messages=page, cursor=next_cursor)
 
 
-@router.get("/v1/retained/message", response_model=RetainedMessage, responses=documented(404))
+@router.get(
+    "/v1/retained/message", response_model=schemas.RetainedMessage, responses=documented(404)
+)
 async def retained_message(
     ctx: Ctx,
     topic: Annotated[str, Query(min_length=1, pattern=topic_rules.TOPIC_PATTERN)],
-) -> RetainedMessage:
+) -> schemas.RetainedMessage:
     parse_topic(topic)
     found = await read_one(ctx, topic)
     if found is None:
         raise ApiError(404, "NOT_FOUND", f"no retained message on {topic!r}")
-    return RetainedMessage(**found)
+    return found
 
 
 @admin_router.get("/retained", response_model=AdminPage)
@@ -283,18 +281,18 @@ async def admin_retained(
     after = decode_cursor(cursor) if cursor is not None else None
     if after is None and page > 1:
         after = await _skip(ctx, (page - 1) * limit)
-    messages: list[dict[str, Any]] = []
+    messages: list[schemas.RetainedMessage] = []
     more = False
     if after is not None or page == 1:
         messages, more = await _page(ctx, "#", after, limit)
     return AdminPage(
-        data=[RetainedMessage(**m) for m in messages],
+        data=messages,
         meta=PageMeta(
             page=page,
             limit=limit,
             hasnext=more,
             count=await size(ctx),
-            cursor=encode_cursor(messages[-1]["topic"]) if more and messages else None,
+            cursor=encode_cursor(messages[-1].topic) if more and messages else None,
         ),
     )
 
@@ -302,15 +300,15 @@ async def admin_retained(
 async def _skip(ctx: Context, count: int) -> str | None:
     """The topic `count` topics into `#` (None when there are fewer)."""
 
-    async def fetch(after: str | None, limit: int) -> tuple[list[dict[str, Any]], bool]:
-        return await _page(ctx, "#", after, limit, keys_only=True)
+    async def fetch(after: str | None, limit: int) -> tuple[list[schemas.RetainedTopic], bool]:
+        return await _topics_page(ctx, after, limit)
 
     return await pages.skip(fetch, count, ADMIN_SKIP_CHUNK, _topic_of)
 
 
-@admin_router.get("/retained/size", response_model=RetainedSize)
-async def admin_retained_size(ctx: Ctx, _: Admin) -> RetainedSize:
-    return RetainedSize(size=await size(ctx))
+@admin_router.get("/retained/size", response_model=schemas.RetainedSize)
+async def admin_retained_size(ctx: Ctx, _: Admin) -> schemas.RetainedSize:
+    return schemas.RetainedSize(size=await size(ctx))
 
 
 @admin_router.delete("/retained/message", status_code=204)

@@ -216,9 +216,9 @@ class Session:
                     conn.queue_frame(
                         {
                             "type": "PUBLISH",
-                            "topic": message["topic"],
-                            "payload": message["payload"],
-                            "ts": message["ts"],
+                            "topic": message.topic,
+                            "payload": message.payload,
+                            "ts": message.ts,
                             "retained": True,
                         }
                     )
@@ -279,9 +279,9 @@ class Session:
                     slot=self.connections.slot,
                     conn=self.conn.id,
                 )
-                since = (reply.data or {}).get("since", 0)
+                subscribed = asking.answer(reply, schemas.Subscribed)
                 await self.connections.accepted(
-                    self.conn, command.queue, since if isinstance(since, int) else 0
+                    self.conn, command.queue, 0 if subscribed is None else subscribed.since
                 )
             except (ApiError, BusUnavailableError, RedisError):
                 await self.connections.refused(self.conn, command.queue, held)

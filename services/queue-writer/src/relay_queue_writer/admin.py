@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from typing import Any
 
 import structlog
 
@@ -49,7 +48,7 @@ class AdminRequests:
         self.stores = stores
         self.instance = instance
         self.commands = commands
-        self._requests: OncePerId[dict[str, Any]] = OncePerId(REMEMBERED, "admin")
+        self._requests: OncePerId[schemas.AdminAnswer] = OncePerId(REMEMBERED, "admin")
 
     async def handle(self, received: Received, request: schemas.AdminRequest) -> None:
         if request.expired():
@@ -60,7 +59,7 @@ class AdminRequests:
             functools.partial(self._answer, request, received.partition),
         )
 
-    async def _run(self, request: schemas.AdminRequest) -> dict[str, Any]:
+    async def _run(self, request: schemas.AdminRequest) -> schemas.AdminAnswer:
         if request.op == "dump":
             return await self._dump(request.wait)
         if request.op == "stats":
@@ -69,7 +68,7 @@ class AdminRequests:
             return await self._export(request)
         raise ValueError(f"unknown admin operation {request.op!r}")
 
-    async def _stats(self) -> dict[str, Any]:
+    async def _stats(self) -> schemas.QueueWriterStats:
         journal, store = self.stores.journal, self.stores.store
         assert journal is not None
         assert store is not None
@@ -79,14 +78,14 @@ class AdminRequests:
             size += span
             if n % STATS_SLICE == 0:
                 await asyncio.sleep(0)
-        return {
-            "queues": len(store.store.queues),
-            "messages": messages,
-            "bytes": size,
-            "open_queues": journal.journal.open_queues,
-        }
+        return schemas.QueueWriterStats(
+            queues=len(store.store.queues),
+            messages=messages,
+            bytes=size,
+            open_queues=journal.journal.open_queues,
+        )
 
-    async def _export(self, request: schemas.AdminRequest) -> dict[str, Any]:
+    async def _export(self, request: schemas.AdminRequest) -> schemas.QueuePart:
         journal, store = self.stores.journal, self.stores.store
         assert journal is not None
         assert store is not None
@@ -125,37 +124,37 @@ class AdminRequests:
             messages=len(got.messages),
             longest_ms=round(got.longest_ms, 3),
         )
-        return {
-            "folder": str(folder),
-            "epoch": cut.epoch,
-            "at_ms": cut.at_ms,
-            "offsets": {str(p): o for p, o in sorted((cut.offsets or {}).items())},
-            "queues": len(got.queues),
-            "messages": len(got.messages),
-            "early": got.early,
-            "longest_ms": round(got.longest_ms, 3),
-            "read_s": round(read_s, 3),
-            "total_s": round(time.perf_counter() - started, 3),
-        }
+        return schemas.QueuePart(
+            folder=str(folder),
+            epoch=cut.epoch,
+            at_ms=cut.at_ms,
+            offsets={str(p): o for p, o in sorted((cut.offsets or {}).items())},
+            queues=len(got.queues),
+            messages=len(got.messages),
+            early=got.early,
+            longest_ms=round(got.longest_ms, 3),
+            read_s=round(read_s, 3),
+            total_s=round(time.perf_counter() - started, 3),
+        )
 
-    async def _dump(self, wait: bool) -> dict[str, Any]:
+    async def _dump(self, wait: bool) -> schemas.DumpStarted | schemas.DumpFinished:
         store = self.stores.store
         assert store is not None
         number = store.dump()
         if not wait:
-            return {"dump": number}
+            return schemas.DumpStarted(dump=number)
         done = await asyncio.to_thread(store.store.wait_dump)
         assert done is not None
-        return {
-            "dump": number,
-            "records": done.records,
-            "bytes": done.bytes,
-            "pause_ms": round(done.pause_ms, 3),
-            "total_s": round(done.total_s, 3),
-        }
+        return schemas.DumpFinished(
+            dump=number,
+            records=done.records,
+            bytes=done.bytes,
+            pause_ms=round(done.pause_ms, 3),
+            total_s=round(done.total_s, 3),
+        )
 
     async def _answer(
-        self, request: schemas.AdminRequest, partition: int, result: dict[str, Any]
+        self, request: schemas.AdminRequest, partition: int, result: schemas.AdminAnswer
     ) -> None:
         await admin_replies.answer(self.bus, request, partition, self.instance, result)
 

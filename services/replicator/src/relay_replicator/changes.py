@@ -83,7 +83,8 @@ class Changes:
         if not request.admin:
             return Outcome.refused(403, "FORBIDDEN", "admin token missing or wrong")
         if request.op == "view":
-            return Outcome(200, await self.describe())
+            state = schemas.KvMembership.model_validate(await self.describe())
+            return Outcome(200, state.model_dump())
         return await self.begin(list(request.sites))
 
     async def describe(self) -> dict[str, Any]:
@@ -116,13 +117,13 @@ class Changes:
             except _Answer as answer:
                 return answer.outcome
         await self._tell_everyone(change)  # the next rounds carry it on
-        return Outcome(202, {"version": change.new.version})
+        return _changing(change.new.version)
 
     async def _start(self, wanted: tuple[str, ...]) -> membership.Change:
         peers = self.peers
         if peers.change is not None:
             if wanted == peers.change.new.sites:
-                raise _Answer(Outcome(202, {"version": peers.change.new.version}))
+                raise _Answer(_changing(peers.change.new.version))
             raise _conflict(f"a change to {peers.change.new.sites} is under way")
         answers: dict[str, dict[str, Any]] = {peers.me: await self.describe()}
         for site in sorted(peers.sites):
@@ -145,7 +146,7 @@ class Changes:
         except membership.TooFewSites as error:
             raise _Answer(Outcome.refused(400, "REPLICA_SET_TOO_SMALL", str(error))) from None
         if target == peers.view.sites:
-            raise _Answer(Outcome(202, {"version": peers.view.version}))
+            raise _Answer(_changing(peers.view.version))
         silent = sorted(s for s in {*peers.view.sites, *target} if s not in answers)
         if silent:
             detail = f"sites {silent} do not answer; nothing changed"
@@ -331,6 +332,11 @@ class _Answer(Exception):
     def __init__(self, outcome: Outcome) -> None:
         super().__init__(outcome.detail)
         self.outcome = outcome
+
+
+def _changing(version: int) -> Outcome:
+    """The 202 of a `view_change`: the version the view will have (or has)."""
+    return Outcome(202, schemas.KvViewChanging(version=version).model_dump())
 
 
 def _conflict(detail: str) -> _Answer:

@@ -313,16 +313,14 @@ class Coordinator:
         )
         await self._write_register(target, namespace.encode(), None, self._ns_quorum())
         self._namespaces[request.ns] = (namespace, time.monotonic() + NS_CACHE_S)
-        return Outcome(
-            200,
-            {
-                "token": token,
-                "n": namespace.n,
-                "r": namespace.r,
-                "w": namespace.w,
-                "gc_grace_s": namespace.gc_grace_s,
-            },
+        answer = schemas.KvNamespace(
+            token=token,
+            n=namespace.n,
+            r=namespace.r,
+            w=namespace.w,
+            gc_grace_s=namespace.gc_grace_s,
         )
+        return Outcome(200, answer.model_dump())
 
     def _value(self, request: schemas.KvRequest) -> bytes:
         if request.value is None:
@@ -340,7 +338,7 @@ class Coordinator:
 
     async def _put(self, request: schemas.KvRequest, target: _Target, r: int, w: int) -> Outcome:
         version = await self._write_register(target, self._value(request), self._expiry(request), w)
-        return Outcome(200, {"version": str(version)})
+        return Outcome(200, _version_body(version))
 
     async def _get(self, request: schemas.KvRequest, target: _Target, r: int, w: int) -> Outcome:
         value = await self._read(target, r)
@@ -355,7 +353,7 @@ class Coordinator:
             current = await self._read(target, r)
             version = self._stamp(current)
             await self._write_checked(target, ops.delete(current, version, self.now_ms()), w)
-        return Outcome(200, {"version": str(version)})
+        return Outcome(200, _version_body(version))
 
     async def _members(
         self, request: schemas.KvRequest, target: _Target, r: int, w: int
@@ -375,7 +373,7 @@ class Coordinator:
             version = self._stamp(current)
             state = ops.change_members(current, add, remove, version, self._expiry(request))
             await self._write_checked(target, state, w)
-        return Outcome(200, {"version": str(version)})
+        return Outcome(200, _version_body(version))
 
     async def _list_members(
         self, request: schemas.KvRequest, target: _Target, r: int, w: int
@@ -384,13 +382,10 @@ class Coordinator:
         _check_type(value, crdt.AWSet, self.now_ms())
         members = value.members(self.now_ms()) if isinstance(value, crdt.AWSet) else []
         page, more = ops.page(members, bytes, _cursor(request.cursor), request.limit)
-        return Outcome(
-            200,
-            {
-                "members": [b64.b64u(m) for m in page],
-                "cursor": None if more is None else b64.b64u(more),
-            },
+        answer = schemas.KvMembers(
+            members=[b64.b64u(m) for m in page], cursor=None if more is None else b64.b64u(more)
         )
+        return Outcome(200, answer.model_dump())
 
     async def _field_put(
         self, request: schemas.KvRequest, target: _Target, r: int, w: int
@@ -404,7 +399,7 @@ class Coordinator:
             lambda v: crdt.KvMap({request.field: crdt.Register(v, value, self._expiry(request))}),
             w,
         )
-        return Outcome(200, {"version": str(version)})
+        return Outcome(200, _version_body(version))
 
     async def _field_get(
         self, request: schemas.KvRequest, target: _Target, r: int, w: int
@@ -424,7 +419,7 @@ class Coordinator:
         version = await self._write_lww(
             target, lambda v: crdt.KvMap({request.field: crdt.Register(v, None)}), w
         )
-        return Outcome(200, {"version": str(version)})
+        return Outcome(200, _version_body(version))
 
     async def _list_fields(
         self, request: schemas.KvRequest, target: _Target, r: int, w: int
@@ -438,20 +433,16 @@ class Coordinator:
             _cursor(request.cursor),
             request.limit,
         )
-        return Outcome(
-            200,
-            {
-                "fields": [
-                    {
-                        "field": name,
-                        "value": b64.b64u(reg.value or b""),
-                        "version": str(reg.version),
-                    }
-                    for name, reg in page
-                ],
-                "cursor": None if more is None else b64.b64u(more),
-            },
+        answer = schemas.KvFields(
+            fields=[
+                schemas.KvField(
+                    field=name, value=b64.b64u(reg.value or b""), version=str(reg.version)
+                )
+                for name, reg in page
+            ],
+            cursor=None if more is None else b64.b64u(more),
         )
+        return Outcome(200, answer.model_dump())
 
     # -- quorum machinery ------------------------------------------------------------------
 
@@ -683,11 +674,16 @@ def _check_type(current: crdt.Value | None, wanted: type[crdt.Value], now_ms: in
 
 
 def _register_body(register: crdt.Register) -> dict[str, Any]:
-    return {
-        "value": b64.b64u(register.value or b""),
-        "version": str(register.version),
-        "expires_at": register.expires_at,
-    }
+    answer = schemas.KvRegister(
+        value=b64.b64u(register.value or b""),
+        version=str(register.version),
+        expires_at=register.expires_at,
+    )
+    return answer.model_dump()
+
+
+def _version_body(version: Version) -> dict[str, Any]:
+    return schemas.KvVersion(version=str(version)).model_dump()
 
 
 def _cursor(text: str | None) -> bytes | None:

@@ -98,38 +98,33 @@ class DsRequests:
             messages = self._messages(request, partition)
             mark = Mark(partition, self.bus.epoch or "", offset + 1)
             await self.host.store_batch(db, messages, mark, request.expired)
-            return Outcome(201, {"stored": len(messages)})
+            return Outcome(201, schemas.Stored(stored=len(messages)).model_dump())
         if op == "streams":
             owner = self.owned[0]
             found = await self.host.get_streams(db, request.filter, request.start)
-            return Outcome(
-                200,
-                {
-                    "streams": [
-                        {
-                            "rank": [routing.global_shard(owner, r.rank[0]), r.rank[1]],
-                            "stream": routing.address(owner, r.stream.token()),
-                        }
-                        for r in found
-                    ]
-                },
-            )
+            streams = [
+                schemas.RankedStream(
+                    rank=(routing.global_shard(owner, r.rank[0]), r.rank[1]),
+                    stream=routing.address(owner, r.stream.token()),
+                )
+                for r in found
+            ]
+            return Outcome(200, schemas.StreamsFound(streams=streams).model_dump())
         if op == "iterator":
             it = await self.host.make_iterator(db, request.stream, request.filter, request.start)
-            return Outcome(201, {"iterator": routing.address(partition, it.token())})
+            made = schemas.IteratorMade(iterator=routing.address(partition, it.token()))
+            return Outcome(201, made.model_dump())
         if op == "next":
             result = await self.host.next(db, request.iterator, request.n)
-            return Outcome(
-                200,
-                {
-                    "messages": [
-                        {"topic": m.topic, "payload": codec.b64u(m.payload), "ts": m.ts}
-                        for m in result.messages
-                    ],
-                    "iterator": routing.address(partition, result.iterator.token()),
-                    "end_of_stream": result.end_of_stream,
-                },
+            answer = schemas.NextMessages(
+                messages=[
+                    schemas.StoredMessage(topic=m.topic, payload=codec.b64u(m.payload), ts=m.ts)
+                    for m in result.messages
+                ],
+                iterator=routing.address(partition, result.iterator.token()),
+                end_of_stream=result.end_of_stream,
             )
+            return Outcome(200, answer.model_dump())
         read = await self._read_record(request) if op == "set_replicas" else None
         async with self._admin:
             store, peers = self.host.store, request.peers
@@ -201,7 +196,7 @@ class DsRequests:
             data = None  # this retainer's data travels once, with its lowest partition
         chunks: list[dict[str, Any] | None] = [data]
         if data is not None and request.op == "streams":
-            streams = data["streams"]
+            streams = data["streams"]  # a `StreamsFound`, cut into parts of the same shape
             chunks = [
                 {"streams": streams[i : i + STREAMS_PER_PART]}
                 for i in range(0, max(1, len(streams)), STREAMS_PER_PART)

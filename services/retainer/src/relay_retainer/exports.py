@@ -44,7 +44,7 @@ from collections.abc import Sequence
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from multiprocessing import forkserver
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import structlog
 
@@ -85,7 +85,7 @@ class RetainerExports:
         self.positions: dict[int, int] = {}
         """Partition → the offset after the last record the consumer handed over."""
         self._arrived: OrderedDict[str, tuple[set[int], asyncio.Event]] = OrderedDict()
-        self._requests: OncePerId[dict[str, Any]] = OncePerId(REMEMBERED, "export")
+        self._requests: OncePerId[schemas.RetainerPart] = OncePerId(REMEMBERED, "export")
         self._warming: asyncio.Task[None] | None = None
 
     def seen(self, received: Received) -> None:
@@ -109,12 +109,12 @@ class RetainerExports:
 
     async def _once_complete(
         self, request: schemas.AdminRequest, complete: asyncio.Event
-    ) -> dict[str, Any]:
+    ) -> schemas.RetainerPart:
         left_s = max(0.0, (request.deadline_ms - schemas.now_ms_()) / 1000)
         await asyncio.wait_for(complete.wait(), left_s)
         return await self._requests.run(request.id, functools.partial(self._export, request))
 
-    async def _export(self, request: schemas.AdminRequest) -> dict[str, Any]:
+    async def _export(self, request: schemas.AdminRequest) -> schemas.RetainerPart:
         started = time.perf_counter()
         recent = self.streams.recent_waits() + self.retained.recent_waits()
         watches = (self.streams.watch(), self.retained.watch())
@@ -161,23 +161,24 @@ class RetainerExports:
             exact=exact,
             **counts,
         )
-        return {
-            "folder": str(folder),
-            "epoch": cut.epoch,
-            "at_ms": at_ms,
-            "publications": {str(p): o for p, o in (cut.publications or {}).items()},
-            "publications_upto": {str(p): o for p, o in (cut.publications_upto or {}).items()},
-            "stores": {str(p): by for p, by in cut.stores.items()},
-            "exact": exact,
-            **counts,
-            "pause_ms": round(pause_ms, 3),
-            "writes_during": writes,
-            "before_ms": round(before_ms, 3),
-            "total_s": round(time.perf_counter() - started, 3),
-        }
+        return schemas.RetainerPart(
+            folder=str(folder),
+            epoch=cut.epoch,
+            at_ms=at_ms,
+            publications={str(p): o for p, o in (cut.publications or {}).items()},
+            publications_upto={str(p): o for p, o in (cut.publications_upto or {}).items()},
+            stores={str(p): by for p, by in cut.stores.items()},
+            exact=exact,
+            retained=part.retained,
+            streams=part.streams,
+            pause_ms=round(pause_ms, 3),
+            writes_during=writes,
+            before_ms=round(before_ms, 3),
+            total_s=round(time.perf_counter() - started, 3),
+        )
 
     async def _answer(
-        self, request: schemas.AdminRequest, partition: int, result: dict[str, Any]
+        self, request: schemas.AdminRequest, partition: int, result: schemas.AdminAnswer
     ) -> None:
         await admin_replies.answer(self.bus, request, partition, self.instance, result)
 

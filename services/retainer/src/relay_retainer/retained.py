@@ -31,7 +31,7 @@ import asyncio
 import functools
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import structlog
 from pydantic import BaseModel, Field
@@ -52,6 +52,7 @@ from relay_streams.retained import Retained, RetainedFull, RetainedSettings, Ret
 from relay_topics import rules as topic_rules
 
 log = structlog.get_logger(__name__)
+T = TypeVar("T")
 
 READS_REMEMBERED = 64
 """Reads (`match`, `size`, `read`) whose outcome is kept: for the partitions that ask later, and
@@ -83,13 +84,13 @@ class RetainedServiceSettings(BaseModel):
     """How long one replicated write may take before the publish is answered 503."""
 
 
-def message_json(message: Retained) -> dict[str, Any]:
-    return {
-        "topic": message.topic,
-        "payload": codec.b64u(message.payload),
-        "ts": message.ts,
-        "expires_at": message.expires_at,
-    }
+def answer_of(message: Retained) -> schemas.RetainedMessage:
+    return schemas.RetainedMessage(
+        topic=message.topic,
+        payload=codec.b64u(message.payload),
+        ts=message.ts,
+        expires_at=message.expires_at,
+    )
 
 
 class RetainedHost:
@@ -216,27 +217,44 @@ class RetainedHost:
         return self.store.size()
 
     async def match(
-        self, topic_filter: str, after: str | None, limit: int, keys_only: bool = False
-    ) -> dict[str, Any]:
-        return await asyncio.to_thread(self._match, topic_filter, after, limit, keys_only)
+        self, topic_filter: str, after: str | None, limit: int
+    ) -> schemas.RetainedMatch:
+        messages, more = await asyncio.to_thread(self._match, topic_filter, after, limit, _whole)
+        return schemas.RetainedMatch(messages=messages, more=more)
+
+    async def topics(
+        self, topic_filter: str, after: str | None, limit: int
+    ) -> schemas.RetainedTopics:
+        """`match`, topics only (no payloads)."""
+        topics, more = await asyncio.to_thread(self._match, topic_filter, after, limit, _topic)
+        return schemas.RetainedTopics(messages=topics, more=more)
 
     def _match(
-        self, topic_filter: str, after: str | None, limit: int, keys_only: bool
-    ) -> dict[str, Any]:
-        out: list[dict[str, Any]] = []
+        self,
+        topic_filter: str,
+        after: str | None,
+        limit: int,
+        take: Callable[[Retained], tuple[T, int]],
+    ) -> tuple[list[T], bool]:
+        """Up to `limit` answers (`take`: a message's answer and its size), fewer once their
+        size reaches `max_reply_bytes`, and whether more follow."""
+        out: list[T] = []
         size = 0
-        more = False
         for message in self.store.match(topic_filter, after):
             if len(out) >= limit or size >= self.settings.max_reply_bytes:
-                more = True
-                break
-            if keys_only:
-                out.append({"topic": message.topic})
-                size += len(message.topic)
-            else:
-                out.append(message_json(message))
-                size += len(message.topic) + len(message.payload)
-        return {"messages": out, "more": more}
+                return out, True
+            answer, bytes_ = take(message)
+            out.append(answer)
+            size += bytes_
+        return out, False
+
+
+def _whole(message: Retained) -> tuple[schemas.RetainedMessage, int]:
+    return answer_of(message), len(message.topic) + len(message.payload)
+
+
+def _topic(message: Retained) -> tuple[schemas.RetainedTopic, int]:
+    return schemas.RetainedTopic(topic=message.topic), len(message.topic)
 
 
 async def _raise(error: Exception) -> Outcome:
@@ -327,15 +345,19 @@ class RetainedRequests:
         message = await self.host.read(record.topic)
         if message is None:
             return Outcome(404, code="NOT_FOUND", detail=f"no retained message on {record.topic!r}")
-        return Outcome(200, message_json(message))
+        return Outcome(200, answer_of(message).model_dump())
 
     async def _every(self, record: schemas.RetainedRequest) -> Outcome:
         if record.op == "size":
-            return Outcome(200, {"size": await self.host.size()})
+            return Outcome(200, schemas.RetainedSize(size=await self.host.size()).model_dump())
         if record.limit < 1:
             raise BadInput("limit must be at least 1")
-        found = await self.host.match(record.filter, record.after, record.limit, record.keys_only)
-        return Outcome(200, found)
+        host, after = self.host, record.after
+        if record.keys_only:
+            return Outcome(
+                200, (await host.topics(record.filter, after, record.limit)).model_dump()
+            )
+        return Outcome(200, (await host.match(record.filter, after, record.limit)).model_dump())
 
     async def _answer(
         self,
