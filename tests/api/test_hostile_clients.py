@@ -25,6 +25,7 @@ pytestmark = pytest.mark.suite
 OUTBOUND = 100
 SUBSCRIPTIONS = 3
 FILTERS = 2
+IDLE_S = 3.0
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +38,8 @@ def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[helpers.Runnin
         RELAY_WS_MAX_OUTBOUND_FRAMES=str(OUTBOUND),
         RELAY_WS_MAX_SUBSCRIPTIONS=str(SUBSCRIPTIONS),
         RELAY_WS_MAX_TOPIC_FILTERS=str(FILTERS),
+        RELAY_WS_IDLE_TIMEOUT_S=str(IDLE_S),
+        RELAY_HTTP__WS_PING_INTERVAL_S="0.5",
     ) as running:
         yield running
 
@@ -199,6 +202,47 @@ async def _read_until_closed(ws: Any) -> tuple[int, websockets.ConnectionClosed]
         except websockets.ConnectionClosed as closed:
             return got, closed
         got += 1
+
+
+async def test_a_websocket_holding_nothing_is_closed_when_idle(
+    http: httpx.Client, ws_url: str
+) -> None:
+    """A connection that subscribes nothing and sends nothing is closed (1001) after the idle
+    timeout, though it answers every ping (every 0.5 s here); one that keeps sending frames, or
+    holds a topic filter or a queue subscription, stays open and is served."""
+    recipient = Recipient(http).create()
+    topic = f"idle/{time.monotonic_ns()}"
+    silent = await websockets.connect(ws_url)
+    hello = await websockets.connect(ws_url)
+    chatty = await websockets.connect(ws_url)
+    started = time.monotonic()
+    async with connect(ws_url) as filtered, connect(ws_url) as queued:
+        await send(hello, {"id": "h", "cmd": "HELLO"})
+        assert (await recv(hello))["ok"] is True
+        await send(filtered, {"id": "f", "cmd": "SUBSCRIBE", "filter": topic})
+        assert await recv(filtered) == {"id": "f", "ok": True}
+        await send(queued, recipient.sub("q"))
+        assert await recv(queued) == {"id": "q", "ok": True}
+        while time.monotonic() - started < 2.5 * IDLE_S:
+            await send(chatty, {"id": "c", "cmd": "HELLO"})
+            assert (await recv(chatty))["ok"] is True
+            await asyncio.sleep(IDLE_S / 3)
+        for ws in (silent, hello):
+            got, closed = await _read_until_closed(ws)
+            assert got == 0
+            assert closed.rcvd is not None
+            assert (closed.rcvd.code, closed.rcvd.reason) == (
+                1001,
+                "idle: no subscription and no frame",
+            )
+        published = {"topic": topic, "payload": b64u(b"still here")}
+        assert http.post("/v1/publish", json=published).status_code == 202
+        assert (await recv(filtered))["topic"] == topic
+        assert recipient.send(b"still here").status_code == 201
+        assert (await recv(queued))["type"] == "MSG"
+        await send(chatty, {"id": "c", "cmd": "HELLO"})
+        assert (await recv(chatty))["ok"] is True
+    await chatty.close()
 
 
 def test_no_secret_reaches_a_log(http: httpx.Client, running: helpers.Running) -> None:

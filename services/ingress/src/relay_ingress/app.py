@@ -39,6 +39,7 @@ def build(config: IngressSettings) -> tuple[FastAPI, BusLifecycle]:
         max_outbound_frames=config.ws_max_outbound_frames,
         max_subscriptions=config.ws_max_subscriptions,
         max_topic_filters=config.ws_max_topic_filters,
+        idle_unsubscribed_s=config.ws_idle_timeout_s,
     )
     connections = Connections(
         bus, Subscriptions(redis), config.kafka.partitions, limits, TopicSubscriptions(redis)

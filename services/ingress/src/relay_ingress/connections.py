@@ -54,6 +54,9 @@ class Limits:
     max_outbound_frames: int
     max_subscriptions: int
     max_topic_filters: int
+    idle_unsubscribed_s: float = 0.0
+    """A connection holding no subscription is closed (1001) after this long without a frame
+    from its client; 0: never."""
 
 
 @dataclass

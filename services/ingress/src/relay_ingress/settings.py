@@ -48,6 +48,10 @@ class IngressSettings(ServiceSettings):
     """Queues one connection may be subscribed to (QUOTA beyond)."""
     ws_max_topic_filters: int = Field(1_000, ge=1, le=100_000)
     """Topic filters one connection may be subscribed to (QUOTA beyond)."""
+    ws_idle_timeout_s: float = Field(300.0, ge=0, le=86_400)
+    """How long a WebSocket that holds no subscription (no queue, no topic filter) may go
+    without sending a frame before it is closed (1001); 0: never. A subscriber that only
+    answers pings is never idle: it is waiting for what it subscribed to."""
     max_body_bytes: int = Field(16384, gt=0, le=1 << 20)
     """Largest message body accepted, decoded (TOO_LARGE beyond)."""
     ds_max_batch_messages: int = Field(1000, ge=1, le=100_000)

@@ -5,6 +5,9 @@ Invariants:
 - every client frame gets exactly one reply `{"id", "ok": true}` or `{"id", "ok": false,
   "error", "detail"}` (id null when the frame had none); binary, oversized, malformed, unknown
   and over-rate frames get error replies, never a crash or a closed connection;
+- a connection that holds nothing (no queue subscription, no topic filter, no command under
+  way) and sends no frame for `RELAY_WS_IDLE_TIMEOUT_S` is closed with 1001; one that holds a
+  subscription is never closed for idleness (the pings keep it honest);
 - a refused command changes nothing (checks before the queue-writer, signature at it; the
   registry is written only after the queue-writer accepted a SUB);
 - an unbound SUB is replay-protected: a signature already used within the timestamp window is
@@ -32,6 +35,7 @@ import structlog
 from fastapi import APIRouter
 from pydantic import BaseModel, Field, ValidationError
 from redis.exceptions import RedisError
+from starlette.types import Message
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from relay_bus import schemas
@@ -301,6 +305,28 @@ class Session:
         return {"id": command.id, "ok": True}
 
 
+IDLE_REASON = "idle: no subscription and no frame"
+
+
+async def _next_message(
+    ws: WebSocket, conn: Connection, running: set[asyncio.Task[None]]
+) -> Message | None:
+    """The client's next message; None once the connection has sent nothing for
+    `idle_unsubscribed_s` while holding nothing (no queue subscription, no topic filter, no
+    command under way). A subscriber that only answers pings is waiting for what it
+    subscribed to, so it is never idle."""
+    idle_s = conn.limits.idle_unsubscribed_s
+    if not idle_s:
+        return await ws.receive()
+    while True:
+        try:
+            async with asyncio.timeout(idle_s):
+                return await ws.receive()
+        except TimeoutError:
+            if not (conn.subscriptions or conn.filters or running):
+                return None
+
+
 @router.websocket("/v1/ws")
 async def websocket(ws: WebSocket, ctx: Ctx) -> None:
     limits = ctx.connections.limits
@@ -314,7 +340,12 @@ async def websocket(ws: WebSocket, ctx: Ctx) -> None:
     running: set[asyncio.Task[None]] = set()
     try:
         while True:
-            message = await ws.receive()
+            message = await _next_message(ws, conn, running)
+            if message is None:
+                log.info("ws_idle_closed", idle_s=limits.idle_unsubscribed_s)
+                with contextlib.suppress(Exception):  # the client may be gone meanwhile
+                    await ws.close(code=1001, reason=IDLE_REASON)
+                break
             if message["type"] == "websocket.disconnect":
                 break
             if conn.overflowed:
