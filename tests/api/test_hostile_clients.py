@@ -16,6 +16,7 @@ import httpx
 import pytest
 import websockets
 
+from relayctl.suite import SERVICES
 from tests import helpers
 from tests.api.client import Recipient, b64u
 from tests.api.test_websocket import connect, recv, send
@@ -246,8 +247,9 @@ async def test_a_websocket_holding_nothing_is_closed_when_idle(
 
 
 def test_no_secret_reaches_a_log(http: httpx.Client, running: helpers.Running) -> None:
-    """Bodies, signatures and the admin token appear in no service's log, whatever happens to
-    the request (accepted, refused, malformed)."""
+    """Bodies, signatures (REST and WebSocket) and the admin token appear in no service's log
+    (every file the suite writes under `logs/`, Kafka's and Redis's included), whatever
+    happens to the request (accepted, refused, malformed, refused by the HTTP server itself)."""
     recipient = Recipient(http).create()
     body = b"secret-body-" + str(time.monotonic_ns()).encode()
     assert recipient.send(body).status_code == 201
@@ -258,16 +260,41 @@ def test_no_secret_reaches_a_log(http: httpx.Client, running: helpers.Running) -
     http.get("/admin/ping", headers={"Authorization": f"Bearer {token}x"})
     http.get("/admin/ping", headers={"Authorization": f"Bearer {token}"})
     assert head.status_code == 200
+    # The token in a request the HTTP server itself refuses (a bad header line after it).
+    url = httpx.URL(running.state.ingress_url)
+    with socket.create_connection((url.host, url.port or 80), timeout=5) as sock:
+        sock.sendall(
+            f"GET /admin/ping HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
+            "Bad Header: x\r\n\r\n".encode()
+        )
+        assert b"BAD_REQUEST" in sock.recv(4096)
+    sub = recipient.sub("s")
+
+    async def over_the_websocket() -> None:
+        """A SUB (its signature), a frame refused after parsing and one that is not JSON, both
+        holding the body, and a PUBLISH of it."""
+        ws_url = running.state.ingress_url.replace("http://", "ws://") + "/v1/ws"
+        async with connect(ws_url) as ws:
+            for frame in (
+                sub,
+                {"id": "x", "cmd": "SUB", "queue": b64u(body), "ts": 1, "sig": sub["sig"]},
+                '{"cmd": "PUBLISH", "payload": "' + b64u(body),
+                {"id": "p", "cmd": "PUBLISH", "topic": "t/secret", "payload": b64u(body)},
+            ):
+                await send(ws, frame)
+                await recv(ws)
+
+    asyncio.run(over_the_websocket())
     secrets: dict[str, Any] = {
         "body": b64u(body),
         "signature": signature["X-Relay-Signature"],
+        "SUB signature": sub["sig"],
         "token": token,
     }
-    logs = "".join(
-        path.read_text(errors="replace")
-        for path in (running.data_dir / "logs").glob("*")
-        if path.is_file()
-    )
+    files = [path for path in (running.data_dir / "logs").glob("*") if path.is_file()]
+    for service in SERVICES:
+        assert any(path.name.startswith(f"{service}-") for path in files), (service, files)
+    logs = "".join(path.read_text(errors="replace") for path in files)
     assert logs  # the services did log: the check is not vacuous
     for what, secret in secrets.items():
         assert secret not in logs, what
