@@ -27,6 +27,8 @@ OUTBOUND = 100
 SUBSCRIPTIONS = 3
 FILTERS = 2
 IDLE_S = 3.0
+JSON_DEPTH = 8
+NUMBER_CHARS = 24
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +42,8 @@ def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[helpers.Runnin
         RELAY_WS_MAX_SUBSCRIPTIONS=str(SUBSCRIPTIONS),
         RELAY_WS_MAX_TOPIC_FILTERS=str(FILTERS),
         RELAY_WS_IDLE_TIMEOUT_S=str(IDLE_S),
+        RELAY_JSON_MAX_DEPTH=str(JSON_DEPTH),
+        RELAY_JSON_MAX_NUMBER_CHARS=str(NUMBER_CHARS),
         RELAY_HTTP__WS_PING_INTERVAL_S="0.5",
     ) as running:
         yield running
@@ -85,6 +89,54 @@ def test_lax_types_are_refused(http: httpx.Client) -> None:
         _error(http.post("/v1/publish", json=body), 400, "BAD_REQUEST")
     _error(http.get("/v1/retained/message", params={"topic": "t/lax"}), 404, "NOT_FOUND")
     assert recipient.call("GET").json()["size"] == 0
+
+
+def _nested(depth: int) -> str:
+    """A frame or body field whose value makes the whole JSON `depth` deep (the object it sits
+    in is level 1)."""
+    return "[" * (depth - 1) + "1" + "]" * (depth - 1)
+
+
+def test_json_depth_and_number_length_are_bounded_before_any_model(http: httpx.Client) -> None:
+    """At the bounds (settings here: depth 8, 24 characters) a body reaches its model, which
+    refuses the extra field or the out-of-range number; one past them is refused by the
+    bound itself. Nothing is sent."""
+    recipient = Recipient(http).create()
+    path = f"/v1/send/{recipient.sender}"
+    body = b64u(b"x")
+
+    def post(text: str) -> str:
+        """The detail of the 400 that `text` gets."""
+        response = http.post(path, content=text, headers={"Content-Type": "application/json"})
+        _error(response, 400, "BAD_REQUEST")
+        detail: str = response.json()["detail"]
+        return detail
+
+    at_depth = post(f'{{"body": "{body}", "x": {_nested(JSON_DEPTH)}}}')
+    assert "nested" not in at_depth, at_depth
+    past_depth = post(f'{{"body": "{body}", "x": {_nested(JSON_DEPTH + 1)}}}')
+    assert past_depth == f"JSON nested over {JSON_DEPTH} levels"
+    at_length = post(f'{{"body": "{body}", "ttl_s": {"9" * NUMBER_CHARS}}}')
+    assert "characters" not in at_length, at_length
+    for number in ("9" * (NUMBER_CHARS + 1), "-" + "9" * NUMBER_CHARS, "1." + "0" * 30):
+        past_length = post(f'{{"body": "{body}", "ttl_s": {number}}}')
+        assert past_length == f"a JSON number over {NUMBER_CHARS} characters"
+    past = post("[" * 5000 + "]" * 5000)  # past the parser's own recursion bound
+    assert past == f"JSON nested over {JSON_DEPTH} levels"
+    assert recipient.call("GET").json()["size"] == 0
+
+
+async def test_json_bounds_hold_for_websocket_frames(ws_url: str) -> None:
+    async with connect(ws_url) as ws:
+        for frame, detail in (
+            (f'{{"id": 1, "cmd": "HELLO", "x": {_nested(JSON_DEPTH + 1)}}}', "nested"),
+            (f'{{"id": 1, "cmd": "HELLO", "x": {"9" * (NUMBER_CHARS + 1)}}}', "characters"),
+            (f'{{"id": 1, "cmd": "HELLO", "x": {_nested(JSON_DEPTH)}}}', "x"),
+        ):
+            await send(ws, frame)
+            reply = await recv(ws)
+            assert (reply["ok"], reply["error"]) == (False, "BAD_REQUEST"), reply
+            assert detail in reply["detail"], reply
 
 
 def test_admin_needs_the_bearer_scheme(http: httpx.Client, running: helpers.Running) -> None:

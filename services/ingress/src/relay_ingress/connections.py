@@ -35,6 +35,7 @@ from starlette.websockets import WebSocket, WebSocketState
 
 from relay_bus import schemas, topics
 from relay_bus.bus import Bus
+from relay_ingress.checks import JsonLimits
 from relay_queues import delivery, ids
 from relay_routes import limits as rate_limits
 from relay_routes.subscriptions import Subscriptions
@@ -54,7 +55,9 @@ class Limits:
     max_outbound_frames: int
     max_subscriptions: int
     max_topic_filters: int
-    idle_unsubscribed_s: float = 0.0
+    json: JsonLimits
+    """Bounds of a frame's JSON (`checks.parse_json`)."""
+    idle_unsubscribed_s: float
     """A connection holding no subscription is closed (1001) after this long without a frame
     from its client; 0: never."""
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 from typing import Annotated, Any, Literal
 
@@ -41,7 +40,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from relay_bus import schemas
 from relay_bus.bus import BusUnavailableError
 from relay_ingress import asking, retained
-from relay_ingress.checks import JsonInt, StrictBody, parse_filter
+from relay_ingress.checks import JsonInt, JsonLimits, StrictBody, parse_filter, parse_json
 from relay_ingress.connections import Connection, Connections
 from relay_ingress.context import Context, Ctx
 from relay_ingress.errors import ApiError
@@ -122,14 +121,14 @@ def _refusal(error: ApiError | BusUnavailableError) -> tuple[str, str]:
     return "UNAVAILABLE", "Kafka is not answering; retry later"
 
 
-def _parse(text: str) -> tuple[object, Command | dict[str, Any]]:
+def _parse(text: str, limits: JsonLimits) -> tuple[object, Command | dict[str, Any]]:
     """The frame's id and its command, or its id and the error reply."""
     try:
-        raw = json.loads(text)
-    except ValueError:  # also integers of more than 4,300 digits
+        raw = parse_json(text, limits)
+    except ValueError:
         return None, _error(None, "BAD_REQUEST", "not JSON")
-    except RecursionError:
-        return None, _error(None, "BAD_REQUEST", "JSON nested too deeply")
+    except ApiError as error:  # nested too deeply, a number too long
+        return None, _error(None, error.code, error.detail)
     if not isinstance(raw, dict):
         return None, _error(None, "BAD_REQUEST", "a frame is one JSON object")
     frame_id = raw.get("id")
@@ -362,7 +361,7 @@ async def websocket(ws: WebSocket, ctx: Ctx) -> None:
                     _error(None, "TOO_LARGE", f"frame over {limits.max_frame_bytes} bytes")
                 )
                 continue
-            _, parsed = _parse(text)
+            _, parsed = _parse(text, limits.json)
             if isinstance(parsed, dict):
                 conn.queue_frame(parsed)
                 continue
