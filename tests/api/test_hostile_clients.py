@@ -16,6 +16,7 @@ import httpx
 import pytest
 import websockets
 
+from relayctl.suite import SERVICES
 from tests import helpers
 from tests.api.client import Recipient, b64u
 from tests.api.test_websocket import connect, recv, send
@@ -25,6 +26,9 @@ pytestmark = pytest.mark.suite
 OUTBOUND = 100
 SUBSCRIPTIONS = 3
 FILTERS = 2
+IDLE_S = 3.0
+JSON_DEPTH = 8
+NUMBER_CHARS = 24
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +41,10 @@ def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[helpers.Runnin
         RELAY_WS_MAX_OUTBOUND_FRAMES=str(OUTBOUND),
         RELAY_WS_MAX_SUBSCRIPTIONS=str(SUBSCRIPTIONS),
         RELAY_WS_MAX_TOPIC_FILTERS=str(FILTERS),
+        RELAY_WS_IDLE_TIMEOUT_S=str(IDLE_S),
+        RELAY_JSON_MAX_DEPTH=str(JSON_DEPTH),
+        RELAY_JSON_MAX_NUMBER_CHARS=str(NUMBER_CHARS),
+        RELAY_HTTP__WS_PING_INTERVAL_S="0.5",
     ) as running:
         yield running
 
@@ -81,6 +89,54 @@ def test_lax_types_are_refused(http: httpx.Client) -> None:
         _error(http.post("/v1/publish", json=body), 400, "BAD_REQUEST")
     _error(http.get("/v1/retained/message", params={"topic": "t/lax"}), 404, "NOT_FOUND")
     assert recipient.call("GET").json()["size"] == 0
+
+
+def _nested(depth: int) -> str:
+    """A frame or body field whose value makes the whole JSON `depth` deep (the object it sits
+    in is level 1)."""
+    return "[" * (depth - 1) + "1" + "]" * (depth - 1)
+
+
+def test_json_depth_and_number_length_are_bounded_before_any_model(http: httpx.Client) -> None:
+    """At the bounds (settings here: depth 8, 24 characters) a body reaches its model, which
+    refuses the extra field or the out-of-range number; one past them is refused by the
+    bound itself. Nothing is sent."""
+    recipient = Recipient(http).create()
+    path = f"/v1/send/{recipient.sender}"
+    body = b64u(b"x")
+
+    def post(text: str) -> str:
+        """The detail of the 400 that `text` gets."""
+        response = http.post(path, content=text, headers={"Content-Type": "application/json"})
+        _error(response, 400, "BAD_REQUEST")
+        detail: str = response.json()["detail"]
+        return detail
+
+    at_depth = post(f'{{"body": "{body}", "x": {_nested(JSON_DEPTH)}}}')
+    assert "nested" not in at_depth, at_depth
+    past_depth = post(f'{{"body": "{body}", "x": {_nested(JSON_DEPTH + 1)}}}')
+    assert past_depth == f"JSON nested over {JSON_DEPTH} levels"
+    at_length = post(f'{{"body": "{body}", "ttl_s": {"9" * NUMBER_CHARS}}}')
+    assert "characters" not in at_length, at_length
+    for number in ("9" * (NUMBER_CHARS + 1), "-" + "9" * NUMBER_CHARS, "1." + "0" * 30):
+        past_length = post(f'{{"body": "{body}", "ttl_s": {number}}}')
+        assert past_length == f"a JSON number over {NUMBER_CHARS} characters"
+    past = post("[" * 5000 + "]" * 5000)  # past the parser's own recursion bound
+    assert past == f"JSON nested over {JSON_DEPTH} levels"
+    assert recipient.call("GET").json()["size"] == 0
+
+
+async def test_json_bounds_hold_for_websocket_frames(ws_url: str) -> None:
+    async with connect(ws_url) as ws:
+        for frame, detail in (
+            (f'{{"id": 1, "cmd": "HELLO", "x": {_nested(JSON_DEPTH + 1)}}}', "nested"),
+            (f'{{"id": 1, "cmd": "HELLO", "x": {"9" * (NUMBER_CHARS + 1)}}}', "characters"),
+            (f'{{"id": 1, "cmd": "HELLO", "x": {_nested(JSON_DEPTH)}}}', "x"),
+        ):
+            await send(ws, frame)
+            reply = await recv(ws)
+            assert (reply["ok"], reply["error"]) == (False, "BAD_REQUEST"), reply
+            assert detail in reply["detail"], reply
 
 
 def test_admin_needs_the_bearer_scheme(http: httpx.Client, running: helpers.Running) -> None:
@@ -201,9 +257,51 @@ async def _read_until_closed(ws: Any) -> tuple[int, websockets.ConnectionClosed]
         got += 1
 
 
+async def test_a_websocket_holding_nothing_is_closed_when_idle(
+    http: httpx.Client, ws_url: str
+) -> None:
+    """A connection that subscribes nothing and sends nothing is closed (1001) after the idle
+    timeout, though it answers every ping (every 0.5 s here); one that keeps sending frames, or
+    holds a topic filter or a queue subscription, stays open and is served."""
+    recipient = Recipient(http).create()
+    topic = f"idle/{time.monotonic_ns()}"
+    silent = await websockets.connect(ws_url)
+    hello = await websockets.connect(ws_url)
+    chatty = await websockets.connect(ws_url)
+    started = time.monotonic()
+    async with connect(ws_url) as filtered, connect(ws_url) as queued:
+        await send(hello, {"id": "h", "cmd": "HELLO"})
+        assert (await recv(hello))["ok"] is True
+        await send(filtered, {"id": "f", "cmd": "SUBSCRIBE", "filter": topic})
+        assert await recv(filtered) == {"id": "f", "ok": True}
+        await send(queued, recipient.sub("q"))
+        assert await recv(queued) == {"id": "q", "ok": True}
+        while time.monotonic() - started < 2.5 * IDLE_S:
+            await send(chatty, {"id": "c", "cmd": "HELLO"})
+            assert (await recv(chatty))["ok"] is True
+            await asyncio.sleep(IDLE_S / 3)
+        for ws in (silent, hello):
+            got, closed = await _read_until_closed(ws)
+            assert got == 0
+            assert closed.rcvd is not None
+            assert (closed.rcvd.code, closed.rcvd.reason) == (
+                1001,
+                "idle: no subscription and no frame",
+            )
+        published = {"topic": topic, "payload": b64u(b"still here")}
+        assert http.post("/v1/publish", json=published).status_code == 202
+        assert (await recv(filtered))["topic"] == topic
+        assert recipient.send(b"still here").status_code == 201
+        assert (await recv(queued))["type"] == "MSG"
+        await send(chatty, {"id": "c", "cmd": "HELLO"})
+        assert (await recv(chatty))["ok"] is True
+    await chatty.close()
+
+
 def test_no_secret_reaches_a_log(http: httpx.Client, running: helpers.Running) -> None:
-    """Bodies, signatures and the admin token appear in no service's log, whatever happens to
-    the request (accepted, refused, malformed)."""
+    """Bodies, signatures (REST and WebSocket) and the admin token appear in no service's log
+    (every file the suite writes under `logs/`, Kafka's and Redis's included), whatever
+    happens to the request (accepted, refused, malformed, refused by the HTTP server itself)."""
     recipient = Recipient(http).create()
     body = b"secret-body-" + str(time.monotonic_ns()).encode()
     assert recipient.send(body).status_code == 201
@@ -214,16 +312,41 @@ def test_no_secret_reaches_a_log(http: httpx.Client, running: helpers.Running) -
     http.get("/admin/ping", headers={"Authorization": f"Bearer {token}x"})
     http.get("/admin/ping", headers={"Authorization": f"Bearer {token}"})
     assert head.status_code == 200
+    # The token in a request the HTTP server itself refuses (a bad header line after it).
+    url = httpx.URL(running.state.ingress_url)
+    with socket.create_connection((url.host, url.port or 80), timeout=5) as sock:
+        sock.sendall(
+            f"GET /admin/ping HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
+            "Bad Header: x\r\n\r\n".encode()
+        )
+        assert b"BAD_REQUEST" in sock.recv(4096)
+    sub = recipient.sub("s")
+
+    async def over_the_websocket() -> None:
+        """A SUB (its signature), a frame refused after parsing and one that is not JSON, both
+        holding the body, and a PUBLISH of it."""
+        ws_url = running.state.ingress_url.replace("http://", "ws://") + "/v1/ws"
+        async with connect(ws_url) as ws:
+            for frame in (
+                sub,
+                {"id": "x", "cmd": "SUB", "queue": b64u(body), "ts": 1, "sig": sub["sig"]},
+                '{"cmd": "PUBLISH", "payload": "' + b64u(body),
+                {"id": "p", "cmd": "PUBLISH", "topic": "t/secret", "payload": b64u(body)},
+            ):
+                await send(ws, frame)
+                await recv(ws)
+
+    asyncio.run(over_the_websocket())
     secrets: dict[str, Any] = {
         "body": b64u(body),
         "signature": signature["X-Relay-Signature"],
+        "SUB signature": sub["sig"],
         "token": token,
     }
-    logs = "".join(
-        path.read_text(errors="replace")
-        for path in (running.data_dir / "logs").glob("*")
-        if path.is_file()
-    )
+    files = [path for path in (running.data_dir / "logs").glob("*") if path.is_file()]
+    for service in SERVICES:
+        assert any(path.name.startswith(f"{service}-") for path in files), (service, files)
+    logs = "".join(path.read_text(errors="replace") for path in files)
     assert logs  # the services did log: the check is not vacuous
     for what, secret in secrets.items():
         assert secret not in logs, what

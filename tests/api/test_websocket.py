@@ -202,7 +202,10 @@ _times = st.one_of(
 )
 
 
-def _frames(canary: Recipient) -> st.SearchStrategy[str | bytes]:
+_bad_retain = st.sampled_from(["yes", "true", 1, 0, None, [], {}])
+
+
+def _frames(canary: Recipient, topic: str) -> st.SearchStrategy[str | bytes]:
     now = int(time.time())
 
     def fix(frame: dict[str, Any]) -> str:
@@ -211,6 +214,31 @@ def _frames(canary: Recipient) -> st.SearchStrategy[str | bytes]:
         elif frame.get("ts") == "stale":
             frame["ts"] = now - 1000
         return json.dumps(frame)
+
+    def damage(frame: dict[str, Any], defect: tuple[str, Any]) -> str:
+        """One field made wrong, so the PUBLISH is refused whatever else it holds."""
+        field, value = defect
+        frame[field] = value
+        return json.dumps(frame)
+
+    publishes = st.builds(
+        damage,
+        st.fixed_dictionaries(
+            {
+                "id": _ids,
+                "cmd": st.just("PUBLISH"),
+                "topic": st.one_of(st.just(topic), st.text(max_size=8)),
+                "payload": st.just(b64u(b"fuzz")),
+            },
+            optional={"retain": st.booleans(), "expiry_s": st.integers(1, 3600)},
+        ),
+        st.one_of(
+            st.tuples(st.just("retain"), _bad_retain),
+            st.tuples(st.just("expiry_s"), st.one_of(_huge, st.floats(), st.just("60"))),
+            st.tuples(st.just("payload"), st.one_of(_huge, st.just("not base64!"))),
+            st.tuples(st.just("extra"), st.integers()),
+        ),
+    )
 
     commands = st.fixed_dictionaries(
         {
@@ -230,6 +258,7 @@ def _frames(canary: Recipient) -> st.SearchStrategy[str | bytes]:
     ).map(fix)
     return st.one_of(
         commands,
+        publishes,
         st.binary(max_size=64),
         st.text(max_size=64),
         st.just("x" * 70_000),
@@ -251,12 +280,17 @@ def test_fuzzed_frames_get_one_error_reply_each_and_change_nothing(
     http: httpx.Client, ws_url: str
 ) -> None:
     """On a connection that holds the canary queue's subscription: every fuzzed frame (bad
-    SUBs of that queue included, bound or not, before or after a HELLO) gets exactly one error
-    reply (a well-formed HELLO gets its session), and afterwards the queue is as it was and the
-    subscription still delivers."""
+    SUBs of that queue included, bound or not, before or after a HELLO; PUBLISHes to the canary
+    retained topic with a bad field; huge numbers, deep nesting) gets exactly one error reply
+    (a well-formed HELLO gets its session), and afterwards the queue and the topic's retained
+    message are as they were and the subscription still delivers."""
     canary = Recipient(http).create()
     msg_id = canary.send(b"canary").json()["msg_id"]
     before = canary.call("GET").json()
+    topic = f"canary/{time.monotonic_ns()}"
+    published = {"topic": topic, "payload": b64u(b"canary"), "retain": True}
+    assert http.post("/v1/publish", json=published).status_code == 202
+    retained_before = http.get("/v1/retained/message", params={"topic": topic}).json()
 
     async def reply_to(ws: ClientConnection) -> dict[str, Any]:
         """The next reply, past the pushes of the held subscription (never an END)."""
@@ -271,7 +305,7 @@ def test_fuzzed_frames_get_one_error_reply_each_and_change_nothing(
             await send(ws, canary.sub("held"))
             assert await reply_to(ws) == {"id": "held", "ok": True}
 
-            @given(frames=st.lists(_frames(canary), min_size=1, max_size=4))
+            @given(frames=st.lists(_frames(canary, topic), min_size=1, max_size=4))
             @settings(
                 max_examples=60,
                 deadline=None,
@@ -297,6 +331,8 @@ def test_fuzzed_frames_get_one_error_reply_each_and_change_nothing(
             await asyncio.to_thread(fuzz)
             assert canary.call("GET").json() == before
             assert canary.call("GET", "/head").json()["msg_id"] == msg_id
+            retained_after = http.get("/v1/retained/message", params={"topic": topic}).json()
+            assert retained_after == retained_before
             # The subscription survived every bad SUB of its queue: an ACK brings the next one.
             await asyncio.sleep(2.5)  # a full frame bucket again (the module's limit is 20/s)
             second = canary.send(b"after").json()["msg_id"]

@@ -87,6 +87,16 @@ def test_malformed_signatures_are_refused(value: str | None) -> None:
         auth.parse_signature(value)
 
 
+@given(st.one_of(st.text(max_size=120), st.binary(max_size=90).map(ids.b64u)))
+def test_any_signature_is_taken_or_refused_with_auth_error(value: str) -> None:
+    """Header text of any characters (bytes read as latin-1 included): AuthError or 64 bytes."""
+    try:
+        signature = auth.parse_signature(value)
+    except auth.AuthError:
+        return
+    assert len(signature) == auth.SIG_BYTES
+
+
 def test_public_keys_must_be_32_byte_ed25519() -> None:
     assert len(auth.parse_public_key(_key()[1])) == 32
     for bad in ["", ids.b64u(b"k" * 31), "***"]:

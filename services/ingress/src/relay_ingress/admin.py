@@ -16,12 +16,18 @@ from pydantic import BaseModel
 
 from relay_bus import schemas, topics
 from relay_ingress import asking
+from relay_ingress.checks import BoundedJsonRoute
 from relay_ingress.context import Ctx
 from relay_ingress.errors import ApiError, documented
 
 AnswerT = TypeVar("AnswerT", bound=schemas.AdminAnswer)
 
-router = APIRouter(prefix="/admin", tags=["admin"], responses=documented(400, 403, 503))
+router = APIRouter(
+    route_class=BoundedJsonRoute,
+    prefix="/admin",
+    tags=["admin"],
+    responses=documented(400, 403, 503),
+)
 
 
 def _require_admin(ctx: Ctx, authorization: Annotated[str | None, Header()] = None) -> None:

@@ -30,6 +30,7 @@ def build(config: IngressSettings) -> tuple[FastAPI, BusLifecycle]:
     readiness = Readiness("serving")
     bus = Bus(config.kafka, client_id=f"{SERVICE}-{config.instance}", readiness=readiness)
     redis = client.connect(str(config.redis_url))
+    json_limits = checks.JsonLimits(config.json_max_depth, config.json_max_number_chars)
     limits = Limits(
         connections_per_address=config.ws_connections_per_address,
         frames_per_s=config.ws_frames_per_s,
@@ -39,6 +40,8 @@ def build(config: IngressSettings) -> tuple[FastAPI, BusLifecycle]:
         max_outbound_frames=config.ws_max_outbound_frames,
         max_subscriptions=config.ws_max_subscriptions,
         max_topic_filters=config.ws_max_topic_filters,
+        json=json_limits,
+        idle_unsubscribed_s=config.ws_idle_timeout_s,
     )
     connections = Connections(
         bus, Subscriptions(redis), config.kafka.partitions, limits, TopicSubscriptions(redis)
@@ -85,6 +88,7 @@ def build(config: IngressSettings) -> tuple[FastAPI, BusLifecycle]:
         telemetry={"tracing": False, "metrics": False, "logs": False},
         dependencies=[Depends(checks.utf8_request)],
     )
+    app.state.json_limits = json_limits
     app.state.context = Context(
         config=config, bus=bus, inbox=inbox, redis=redis, connections=connections
     )

@@ -1,14 +1,22 @@
 """Request checks shared by the endpoints (queues, durable streams, publish, retained, the
 WebSocket's frames): each either returns what it checked or raises the API's 400, before
-anything reaches Kafka."""
+anything reaches Kafka. Every JSON the ingress reads (request bodies through `BoundedJsonRoute`,
+WebSocket frames) is parsed by `parse_json`, within `JsonLimits`: nesting depth and the length
+of each number literal are bounded before any model sees the value."""
 
 from __future__ import annotations
 
-from typing import Annotated
+import json
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Annotated, Any
 from urllib.parse import unquote_to_bytes
 
+from fastapi import HTTPException
+from fastapi.routing import APIRoute
 from pydantic import BaseModel, BeforeValidator, ConfigDict
-from starlette.requests import HTTPConnection
+from starlette.requests import HTTPConnection, Request
+from starlette.responses import Response
 
 from relay_durable import codec
 from relay_ingress.errors import ApiError
@@ -74,3 +82,74 @@ async def utf8_request(connection: HTTPConnection) -> None:
             unquote_to_bytes(part).decode("utf-8")
         except UnicodeDecodeError:
             raise bad("the path and query string must be UTF-8 once percent-decoded") from None
+
+
+@dataclass(frozen=True)
+class JsonLimits:
+    max_depth: int
+    """Arrays and objects nested in one another (a flat object is 1)."""
+    max_number_chars: int
+    """Characters of one number literal (sign, digits, point and exponent)."""
+
+
+class _NumberTooLong(Exception):
+    pass
+
+
+def parse_json(text: str | bytes, limits: JsonLimits) -> Any:
+    """`text` parsed; the API's 400 for a number literal or a nesting past `limits` (or past
+    the parser's own recursion bound); `ValueError` when it is not JSON at all."""
+
+    def number(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+        def bounded(literal: str) -> Any:
+            if len(literal) > limits.max_number_chars:
+                raise _NumberTooLong
+            return parse(literal)
+
+        return bounded
+
+    try:
+        value = json.loads(text, parse_int=number(int), parse_float=number(float))
+    except _NumberTooLong:
+        raise bad(f"a JSON number over {limits.max_number_chars} characters") from None
+    except RecursionError:
+        raise bad(f"JSON nested over {limits.max_depth} levels") from None
+    if _nested_over(value, limits.max_depth):
+        raise bad(f"JSON nested over {limits.max_depth} levels")
+    return value
+
+
+def _nested_over(value: Any, limit: int) -> bool:
+    stack = [(value, 1)] if isinstance(value, dict | list) else []
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = item.values() if isinstance(item, dict) else item
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+    return False
+
+
+class _BoundedJsonRequest(Request):
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            limits = self.app.state.json_limits
+            assert isinstance(limits, JsonLimits)
+            try:
+                self._json = parse_json(await self.body(), limits)
+            except ApiError as error:
+                raise HTTPException(error.status, error.detail) from None
+        return self._json
+
+
+class BoundedJsonRoute(APIRoute):
+    """Every router's `route_class`: request bodies are parsed by `parse_json` within the
+    app's `state.json_limits` (FastAPI's custom request class pattern)."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def bounded(request: Request) -> Response:
+            return await handler(_BoundedJsonRequest(request.scope, request.receive))
+
+        return bounded

@@ -26,7 +26,7 @@ import asyncio
 import contextlib
 import json
 import secrets
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +35,7 @@ from starlette.websockets import WebSocket, WebSocketState
 
 from relay_bus import schemas, topics
 from relay_bus.bus import Bus
+from relay_ingress.checks import JsonLimits
 from relay_queues import delivery, ids
 from relay_routes import limits as rate_limits
 from relay_routes.subscriptions import Subscriptions
@@ -54,6 +55,11 @@ class Limits:
     max_outbound_frames: int
     max_subscriptions: int
     max_topic_filters: int
+    json: JsonLimits
+    """Bounds of a frame's JSON (`checks.parse_json`)."""
+    idle_unsubscribed_s: float
+    """A connection holding no subscription is closed (1001) after this long without a frame
+    from its client; 0: never."""
 
 
 @dataclass
@@ -89,25 +95,30 @@ class Connection:
         self.overflowed = False
         """Set once more than `max_outbound_frames` waited: the connection is being closed."""
         self._closing: asyncio.Task[None] | None = None
-        self._out: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
-        self._written = asyncio.Event()
-        """Set after each frame written (or when the writer stops)."""
-        self._writer = asyncio.create_task(self._write(), name=f"ws-{self.id}")
+        self._out: deque[dict[str, Any]] = deque()
+        self._writer: asyncio.Task[None] | None = None
+        """Runs while frames wait (an idle connection has none: it costs no task)."""
+        self._written: asyncio.Event | None = None
+        """Set after each frame taken (or when the writer stops); made by `backlog_below`."""
+        self._stopped = False
+        """A write failed or the connection closed: nothing more is written."""
 
     def queue_frame(self, frame: dict[str, Any]) -> None:
         """Queue a frame for the writer; past `max_outbound_frames` waiting, drop them all and
         close the connection (1008): a reader that slow would hold memory without end."""
-        if self.overflowed:
+        if self.overflowed or self._stopped:
             return
-        if self._out.qsize() >= self.limits.max_outbound_frames:
+        if len(self._out) >= self.limits.max_outbound_frames:
             self.overflowed = True
-            log.warning("ws_slow_reader_closed", waiting=self._out.qsize())
-            self._writer.cancel()  # it may be stuck on a write the client never reads
-            while not self._out.empty():
-                self._out.get_nowait()
+            log.warning("ws_slow_reader_closed", waiting=len(self._out))
+            if self._writer is not None:
+                self._writer.cancel()  # it may be stuck on a write the client never reads
+            self._out.clear()
             self._closing = asyncio.create_task(self._close_slow(), name=f"ws-{self.id}-close")
             return
-        self._out.put_nowait(frame)
+        self._out.append(frame)
+        if self._writer is None:
+            self._writer = asyncio.create_task(self._write(), name=f"ws-{self.id}")
 
     async def _close_slow(self) -> None:
         """Tell the client why: the close frame goes out once the client reads what its socket
@@ -127,27 +138,39 @@ class Connection:
     async def backlog_below(self, frames: int) -> None:
         """Wait until fewer than `frames` frames wait to be written (back-pressure for long
         retained streams: a slow reader holds one page, not all of them)."""
-        while self._out.qsize() >= frames and not self._writer.done():
+        while len(self._out) >= frames and self._writer is not None:
+            if self._written is None:
+                self._written = asyncio.Event()
             self._written.clear()
             await self._written.wait()
 
     async def _write(self) -> None:
+        """Write the waiting frames in order, then end (the next frame starts a new writer;
+        there is never more than one)."""
         try:
-            while (frame := await self._out.get()) is not None:
-                self._written.set()
+            while self._out:
+                frame = self._out.popleft()
+                if self._written is not None:
+                    self._written.set()
                 if self.ws.application_state is not WebSocketState.CONNECTED:
                     continue
                 try:
                     await self.ws.send_text(json.dumps(frame, separators=(",", ":")))
                 except Exception as error:
                     log.debug("ws_write_failed", error=str(error))
+                    self._stopped = True
+                    self._out.clear()
                     return
         finally:
-            self._written.set()
+            self._writer = None
+            if self._written is not None:
+                self._written.set()
 
     async def close_writer(self) -> None:
-        self._out.put_nowait(None)
-        await asyncio.gather(self._writer, return_exceptions=True)
+        """Let the writer finish the frames already queued; nothing queued later is written."""
+        self._stopped = True
+        if self._writer is not None:
+            await asyncio.gather(self._writer, return_exceptions=True)
         if self._closing is not None:
             await asyncio.gather(self._closing, return_exceptions=True)
 

@@ -29,13 +29,23 @@ from relay_bus import routing, schemas
 from relay_ds import batches, tokens
 from relay_ds.errors import BadToken, Refused, TooLarge
 from relay_ingress import asking
-from relay_ingress.checks import B64U_PATTERN, JSON_INTEGER, StrictBody, bad, parse_filter
+from relay_ingress.checks import (
+    B64U_PATTERN,
+    JSON_INTEGER,
+    BoundedJsonRoute,
+    StrictBody,
+    bad,
+    parse_filter,
+)
 from relay_ingress.context import Context, Ctx
 from relay_ingress.errors import ApiError, documented
 from relay_topics import rules as topic_rules
 
 router = APIRouter(
-    prefix="/v1/ds", tags=["durable streams"], responses=documented(400, 404, 413, 503)
+    route_class=BoundedJsonRoute,
+    prefix="/v1/ds",
+    tags=["durable streams"],
+    responses=documented(400, 404, 413, 503),
 )
 
 MAX_TS_JSON = 2**53 - 1  # ms, ~ year 287,000

@@ -42,11 +42,17 @@ from relay_ds.view import View
 from relay_durable import codec
 from relay_ingress import asking, kv_storage
 from relay_ingress.admin import Admin
+from relay_ingress.checks import BoundedJsonRoute
 from relay_ingress.context import Context, Ctx
 from relay_ingress.errors import ApiError, documented
 from relay_kv import placement
 
-router = APIRouter(prefix="/ds", tags=["durable storage admin"], responses=documented(403, 503))
+router = APIRouter(
+    route_class=BoundedJsonRoute,
+    prefix="/ds",
+    tags=["durable storage admin"],
+    responses=documented(403, 503),
+)
 
 SitePath = Annotated[str, Path(pattern=sites.SITE_PATTERN, description="site id, 16 hex digits")]
 DsPath = Annotated[str, Path(pattern=tokens.NAME_PATTERN, description="durable storage")]

@@ -17,13 +17,23 @@ from pydantic import Field
 from relay_bus import schemas
 from relay_ingress import asking
 from relay_ingress.admin import Admin
-from relay_ingress.checks import B64U_PATTERN, JSON_INTEGER, StrictBody
+from relay_ingress.checks import B64U_PATTERN, JSON_INTEGER, BoundedJsonRoute, StrictBody
 from relay_ingress.context import Ctx
 from relay_ingress.errors import ApiError, documented
 from relay_kv import names, placement
 
-router = APIRouter(prefix="/v1/kv", tags=["kv"], responses=documented(400, 401, 404, 503, 504))
-admin_router = APIRouter(prefix="/admin/kv", tags=["admin"], responses=documented(400, 403, 503))
+router = APIRouter(
+    route_class=BoundedJsonRoute,
+    prefix="/v1/kv",
+    tags=["kv"],
+    responses=documented(400, 401, 404, 503, 504),
+)
+admin_router = APIRouter(
+    route_class=BoundedJsonRoute,
+    prefix="/admin/kv",
+    tags=["admin"],
+    responses=documented(400, 403, 503),
+)
 
 MAX_B64 = 1_400_000
 """Longest base64url value or member sent on (1 MiB decoded; the replicator's own limit,

@@ -22,13 +22,16 @@ from pydantic import Field
 
 from relay_bus import schemas
 from relay_ingress import asking
-from relay_ingress.checks import B64U_PATTERN, JSON_INTEGER, StrictBody
+from relay_ingress.checks import B64U_PATTERN, JSON_INTEGER, BoundedJsonRoute, StrictBody
 from relay_ingress.context import Context, Ctx
 from relay_ingress.errors import ApiError, documented
 from relay_queues import auth, idempotency, ids
 
 router = APIRouter(
-    prefix="/v1", tags=["queues"], responses=documented(400, 401, 403, 404, 413, 429, 503)
+    route_class=BoundedJsonRoute,
+    prefix="/v1",
+    tags=["queues"],
+    responses=documented(400, 401, 403, 404, 413, 429, 503),
 )
 
 ID_PATTERN = r"^[A-Za-z0-9_-]{32}$"

@@ -32,6 +32,7 @@ from relay_ingress.admin import Admin
 from relay_ingress.checks import (
     B64U_PATTERN,
     JSON_INTEGER,
+    BoundedJsonRoute,
     StrictBody,
     bad,
     parse_filter,
@@ -44,8 +45,13 @@ from relay_routes import limits
 from relay_topics import pages
 from relay_topics import rules as topic_rules
 
-router = APIRouter(tags=["topics"], responses=documented(400, 503))
-admin_router = APIRouter(prefix="/admin", tags=["admin"], responses=documented(400, 403, 503))
+router = APIRouter(route_class=BoundedJsonRoute, tags=["topics"], responses=documented(400, 503))
+admin_router = APIRouter(
+    route_class=BoundedJsonRoute,
+    prefix="/admin",
+    tags=["admin"],
+    responses=documented(400, 403, 503),
+)
 
 MAX_EXPIRY_S = 2**32 - 1
 MAX_LIMIT = 1000

@@ -48,6 +48,18 @@ class IngressSettings(ServiceSettings):
     """Queues one connection may be subscribed to (QUOTA beyond)."""
     ws_max_topic_filters: int = Field(1_000, ge=1, le=100_000)
     """Topic filters one connection may be subscribed to (QUOTA beyond)."""
+    ws_idle_timeout_s: float = Field(300.0, ge=0, le=86_400)
+    """How long a WebSocket that holds no subscription (no queue, no topic filter) may go
+    without sending a frame before it is closed (1001); 0: never. A subscriber that only
+    answers pings is never idle: it is waiting for what it subscribed to."""
+    json_max_depth: int = Field(32, ge=2, le=500)
+    """Arrays and objects nested in one another in a request body or WebSocket frame (a flat
+    object is 1); deeper JSON is refused 400 before any model reads it. Relay's own deepest
+    is 3."""
+    json_max_number_chars: int = Field(32, ge=20, le=4000)
+    """Characters of one number literal in a request body or WebSocket frame (sign, digits,
+    point, exponent); longer ones are refused 400 before they are converted. A Unix ms
+    timestamp has 13."""
     max_body_bytes: int = Field(16384, gt=0, le=1 << 20)
     """Largest message body accepted, decoded (TOO_LARGE beyond)."""
     ds_max_batch_messages: int = Field(1000, ge=1, le=100_000)

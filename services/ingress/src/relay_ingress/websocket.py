@@ -5,6 +5,9 @@ Invariants:
 - every client frame gets exactly one reply `{"id", "ok": true}` or `{"id", "ok": false,
   "error", "detail"}` (id null when the frame had none); binary, oversized, malformed, unknown
   and over-rate frames get error replies, never a crash or a closed connection;
+- a connection that holds nothing (no queue subscription, no topic filter, no command under
+  way) and sends no frame for `RELAY_WS_IDLE_TIMEOUT_S` is closed with 1001; one that holds a
+  subscription is never closed for idleness (the pings keep it honest);
 - a refused command changes nothing (checks before the queue-writer, signature at it; the
   registry is written only after the queue-writer accepted a SUB);
 - an unbound SUB is replay-protected: a signature already used within the timestamp window is
@@ -24,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 from typing import Annotated, Any, Literal
 
@@ -32,12 +34,13 @@ import structlog
 from fastapi import APIRouter
 from pydantic import BaseModel, Field, ValidationError
 from redis.exceptions import RedisError
+from starlette.types import Message
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from relay_bus import schemas
 from relay_bus.bus import BusUnavailableError
 from relay_ingress import asking, retained
-from relay_ingress.checks import JsonInt, StrictBody, parse_filter
+from relay_ingress.checks import JsonInt, JsonLimits, StrictBody, parse_filter, parse_json
 from relay_ingress.connections import Connection, Connections
 from relay_ingress.context import Context, Ctx
 from relay_ingress.errors import ApiError
@@ -118,14 +121,14 @@ def _refusal(error: ApiError | BusUnavailableError) -> tuple[str, str]:
     return "UNAVAILABLE", "Kafka is not answering; retry later"
 
 
-def _parse(text: str) -> tuple[object, Command | dict[str, Any]]:
+def _parse(text: str, limits: JsonLimits) -> tuple[object, Command | dict[str, Any]]:
     """The frame's id and its command, or its id and the error reply."""
     try:
-        raw = json.loads(text)
-    except ValueError:  # also integers of more than 4,300 digits
+        raw = parse_json(text, limits)
+    except ValueError:
         return None, _error(None, "BAD_REQUEST", "not JSON")
-    except RecursionError:
-        return None, _error(None, "BAD_REQUEST", "JSON nested too deeply")
+    except ApiError as error:  # nested too deeply, a number too long
+        return None, _error(None, error.code, error.detail)
     if not isinstance(raw, dict):
         return None, _error(None, "BAD_REQUEST", "a frame is one JSON object")
     frame_id = raw.get("id")
@@ -301,6 +304,28 @@ class Session:
         return {"id": command.id, "ok": True}
 
 
+IDLE_REASON = "idle: no subscription and no frame"
+
+
+async def _next_message(
+    ws: WebSocket, conn: Connection, running: set[asyncio.Task[None]]
+) -> Message | None:
+    """The client's next message; None once the connection has sent nothing for
+    `idle_unsubscribed_s` while holding nothing (no queue subscription, no topic filter, no
+    command under way). A subscriber that only answers pings is waiting for what it
+    subscribed to, so it is never idle."""
+    idle_s = conn.limits.idle_unsubscribed_s
+    if not idle_s:
+        return await ws.receive()
+    while True:
+        try:
+            async with asyncio.timeout(idle_s):
+                return await ws.receive()
+        except TimeoutError:
+            if not (conn.subscriptions or conn.filters or running):
+                return None
+
+
 @router.websocket("/v1/ws")
 async def websocket(ws: WebSocket, ctx: Ctx) -> None:
     limits = ctx.connections.limits
@@ -314,7 +339,12 @@ async def websocket(ws: WebSocket, ctx: Ctx) -> None:
     running: set[asyncio.Task[None]] = set()
     try:
         while True:
-            message = await ws.receive()
+            message = await _next_message(ws, conn, running)
+            if message is None:
+                log.info("ws_idle_closed", idle_s=limits.idle_unsubscribed_s)
+                with contextlib.suppress(Exception):  # the client may be gone meanwhile
+                    await ws.close(code=1001, reason=IDLE_REASON)
+                break
             if message["type"] == "websocket.disconnect":
                 break
             if conn.overflowed:
@@ -331,7 +361,7 @@ async def websocket(ws: WebSocket, ctx: Ctx) -> None:
                     _error(None, "TOO_LARGE", f"frame over {limits.max_frame_bytes} bytes")
                 )
                 continue
-            _, parsed = _parse(text)
+            _, parsed = _parse(text, limits.json)
             if isinstance(parsed, dict):
                 conn.queue_frame(parsed)
                 continue
