@@ -4,6 +4,7 @@ on read, damaged files reported."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -56,6 +57,44 @@ def test_row_of_keeps_any_bytes() -> None:
     assert (row.kind, row.v, row.id) == ("queue_reply", 1, "x")
 
 
+def test_a_file_is_fsynced_renamed_then_its_folders_fsynced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The crash-safe order, on a real folder (the calls go through, only recorded): the
+    temporary file fsynced, renamed to its name, then its folder and every folder above it up
+    to the root fsynced, and the root's parent too for a root this write made."""
+    done: list[tuple[str, str]] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        done.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def replace(source: str | os.PathLike[str], target: str | os.PathLike[str]) -> None:
+        done.append(("replace", f"{source} -> {target}"))
+        real_replace(source, target)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    root = tmp_path.resolve() / "archive"
+    store = LocalStore(root)
+    f = _write(store, 0, 4)
+    folder = root / f.slot.folder
+    (kind, synced), (_, renamed), *folders = done
+    assert kind == "fsync"
+    assert Path(synced).parent == folder
+    assert Path(synced).name.startswith(layout.TEMP_PREFIX)
+    assert renamed == f"{synced} -> {folder / f.name}"
+    above = [folder, *[root / p for p in folder.relative_to(root).parents], root.parent]
+    assert folders == [("fsync", str(d)) for d in above]
+    assert store.read(f)["offset"].to_pylist() == [0, 1, 2, 3, 4]
+    # a later file of the slot: the same order, the root existing already
+    done.clear()
+    _write(store, 5, 9)
+    assert [k for k, _ in done] == ["fsync", "replace", *["fsync"] * (len(above) - 1)]
+    assert done[2] == ("fsync", str(folder))
+
+
 def test_written_file_is_zstd_parquet_with_the_schema(tmp_path: Path) -> None:
     store = LocalStore(tmp_path)
     f = _write(store, 0, 4)
@@ -105,10 +144,21 @@ def test_slot_buffer_is_contiguous_and_refuses_going_back(tmp_path: Path) -> Non
     f, kept = taken
     assert (f.first, f.last, [r.offset for r in kept]) == (7, 8, [7])
     assert buffer.take() is None
+    # … or at its size, whatever its age
+    sized = writer.RollPolicy(max_bytes=2 * _row(0).size, max_age_s=10**6)
     buffer.add(9, _row(9), now_s=110.0)
+    assert not buffer.due(sized, now_s=110.0)
+    buffer.add(10, None, now_s=110.0)  # read, not kept: adds no bytes
+    assert not buffer.due(sized, now_s=110.0)
+    buffer.add(11, _row(11), now_s=110.0)
+    assert buffer.due(sized, now_s=110.0)
     taken = buffer.take()
     assert taken is not None
-    assert (taken[0].first, taken[0].last) == (9, 9)
+    assert (taken[0].first, taken[0].last, len(taken[1])) == (9, 11, 2)
+    buffer.add(12, _row(12), now_s=110.0)
+    taken = buffer.take()
+    assert taken is not None
+    assert (taken[0].first, taken[0].last) == (12, 12)
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip"])
