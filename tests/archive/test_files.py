@@ -161,6 +161,35 @@ def test_slot_buffer_is_contiguous_and_refuses_going_back(tmp_path: Path) -> Non
     assert (taken[0].first, taken[0].last) == (12, 12)
 
 
+def test_records_per_minute_count_each_record_once_by_its_kafka_minute(tmp_path: Path) -> None:
+    """Verify's coverage chart: each record of the kinds asked once (overlaps removed) in the
+    minute of its Kafka timestamp; a damaged file's records are left out, not misread."""
+    store = LocalStore(tmp_path)
+    minute = 60_000
+    start = 28_000_000 * minute  # a whole minute
+
+    def put(slot: layout.Slot, first: int, stamps: list[int], kind: str = "queue_cmd") -> None:
+        f = layout.ArchiveFile(slot, first, first + len(stamps) - 1)
+        value = json.dumps({"kind": kind, "v": 2, "id": "c"}).encode()
+        made = [rows.row_of(first + i, t, None, value) for i, t in enumerate(stamps)]
+        writer.write(store, f, made)
+
+    put(SLOT, 0, [start, start + 1, start + minute - 1, start + minute])
+    put(SLOT, 2, [start + minute - 1, start + minute])  # a hand-over's overlap: read once
+    other = layout.Slot("e1", SLOT.topic, 0)
+    put(other, 0, [start + 3 * minute, start + 3 * minute + 5])
+    put(other, 2, [start + 3 * minute], kind="ping")  # another kind: not counted
+    put(other, 3, [start + 9 * minute] * 300)
+    damaged = tmp_path / layout.ArchiveFile(other, 3, 302).path
+    damaged.write_bytes(damaged.read_bytes()[:100])
+    assert reader.per_minute(store, "e1", SLOT.topic, ["queue_cmd"]) == [
+        (start // minute, 3),
+        (start // minute + 1, 1),
+        (start // minute + 3, 2),
+    ]
+    assert reader.per_minute(store, "e2", SLOT.topic, ["queue_cmd"]) == []
+
+
 @pytest.mark.parametrize("damage", ["truncate", "flip"])
 def test_a_damaged_file_is_reported_not_misread(tmp_path: Path, damage: str) -> None:
     store = LocalStore(tmp_path)

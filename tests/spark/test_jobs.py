@@ -5,6 +5,7 @@ classes and exit codes, bad input refused."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import SparkSession
 
-from relay_archive import export, layout, reader, rows, standing, tables, verify, writer
+from relay_archive import export, layout, reader, report, rows, standing, tables, verify, writer
 from relay_archive.store import LocalStore
 from relay_bus import topics
 from relay_spark import jobs, main
@@ -251,6 +252,26 @@ def test_cli_exit_codes_reports_and_bad_input(
             main.main(bad)
         assert done.value.code == main.EX_USAGE
         assert not (tmp_path / "r3").exists()
+
+
+def test_the_plain_engine_charts_archived_commands_per_minute(
+    archive: tuple[LocalStore, synthetic.Made], tmp_path: Path
+) -> None:
+    """`verify --engine python` (no Spark session) gives the report the same chart as Spark's
+    job: every archived command once, in the minute of its Kafka timestamp."""
+    store, made = archive
+    cut = tables.Cut(synthetic.EPOCH, AT_MS, made.commands)
+    jobs.rebuild_python(store, cut, tmp_path / "rebuilt")
+    live = _export(tmp_path / "live", _live(tmp_path / "rebuilt"), cut)
+    code, doc = jobs.verify_python(store, cut, tmp_path / "rebuilt", live)
+    assert code == 0
+    commands = reader.scan(store, synthetic.EPOCH, topics.QUEUE_COMMANDS, kinds=["queue_cmd"])
+    stamps = commands.table["timestamp_ms"].to_pylist()
+    expected = sorted(Counter(t // 60_000 for t in stamps).items())
+    assert len(expected) > 1
+    assert [tuple(pair) for pair in doc["coverage_per_minute"]] == expected
+    report.write(tmp_path / "report", doc)
+    assert (tmp_path / "report" / "report.html").read_text().count("<rect ") == len(expected)
 
 
 def test_a_corrupt_archive_file_is_a_gap(

@@ -30,7 +30,7 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from relay_archive import export, layout, replay, report, standing, tables, verify
+from relay_archive import export, layout, reader, replay, report, standing, tables, verify
 from relay_archive import rebuild as rebuild_module
 from relay_archive import rows as archive_rows
 from relay_archive.store import ArchiveStore
@@ -348,7 +348,8 @@ def verify_job(
 def verify_python(
     store: ArchiveStore, cut: tables.Cut, rebuilt: Path, live: Path
 ) -> tuple[int, dict[str, Any]]:
-    """The same verdict with the plain-Python comparison (`relay_archive.verify.compare`)."""
+    """The same verdict and report with the plain-Python comparison
+    (`relay_archive.verify.compare`) and chart (`relay_archive.reader.per_minute`)."""
     names = ("queues", "messages", "retained", "streams", "uncertain")
     covers = export.covered(live)
     mine = {n: tables.read_table(rebuilt, n) for n in names}
@@ -358,5 +359,7 @@ def verify_python(
     differences = verify.compare(mine, theirs, cut.at_ms)
     health = verify.check_archive(store, cut)
     code = verify.exit_code(health, differences)
+    coverage = reader.per_minute(store, cut.epoch, topics.QUEUE_COMMANDS, ["queue_cmd"])
     cut_doc = {"epoch": cut.epoch, "at_ms": cut.at_ms, "offsets": cut.offsets, "tables": covers}
-    return code, report.document(verify.counts(differences), differences, health, [], cut_doc, code)
+    doc = report.document(verify.counts(differences), differences, health, coverage, cut_doc, code)
+    return code, doc
