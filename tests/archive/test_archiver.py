@@ -18,7 +18,7 @@ import httpx
 
 from relay_archive import layout, reader
 from relay_archive.store import ArchiveStore, LocalStore
-from relay_bus import schemas, topics
+from relay_bus import clients, schemas, topics
 from relay_bus.bus import Bus
 from relay_runtime.readiness import Readiness
 from tests.helpers import BIN, ROOT, Kafka, free_port, service_env
@@ -181,6 +181,55 @@ async def test_lag_is_reported_then_caught_up(kafka: Kafka, tmp_path: Path) -> N
                     break
                 assert time.monotonic() < deadline, lines
                 await asyncio.sleep(0.2)
+
+
+async def test_records_this_build_cannot_read_are_kept_as_kafka_holds_them(
+    kafka: Kafka, tmp_path: Path
+) -> None:
+    """A newer build's record (unknown version), foreign bytes: the bus skips them, the archive
+    keeps them on a topic archived whole (and a reply of a newer version on the inbox), each
+    row with Kafka's offset, timestamp and key and the exact bytes; an unknown kind on the
+    inbox is covered, not kept, like a delivery."""
+    store = LocalStore(tmp_path / "archive")
+    future_command = b'{"kind": "queue_cmd", "v": 99, "id": "c-future", "new": true}'
+    future_reply = b'{"kind": "queue_reply", "v": 99, "id": "c-future"}'
+    async with producer(kafka) as bus:
+        assert bus.epoch is not None
+        raw = clients.producer(bus.settings, "raw-test")
+        await raw.start()
+        try:
+            before_ms = int(time.time() * 1000)
+            with archiver(kafka, tmp_path):
+                await _produce(bus, 0, 2)  # offsets 0 of each partition: readable records
+                physical = bus.physical
+                sends = [
+                    (topics.QUEUE_COMMANDS, future_command, b"k1"),
+                    (topics.QUEUE_COMMANDS, b"\xff not json", None),
+                    (topics.INGRESS_INBOX, future_reply, None),
+                    (topics.INGRESS_INBOX, b'{"kind": "future_kind", "v": 1}', None),
+                ]
+                for topic, value, key in sends:
+                    await raw.send_and_wait(physical(topic), value, key=key, partition=0)
+                await _produce(bus, 2, 2)  # read after them: the bus went on
+                await _caught_up(store, bus)
+            after_ms = int(time.time() * 1000)
+        finally:
+            await raw.stop()
+        commands = reader.scan(store, bus.epoch, topics.QUEUE_COMMANDS).table.to_pylist()
+        inbox = reader.scan(store, bus.epoch, topics.INGRESS_INBOX)
+    on_0 = [r for r in commands if r["partition"] == 0]
+    assert [r["offset"] for r in on_0] == [0, 1, 2, 3]
+    assert [(r["value"], r["key"], r["kind"], r["v"], r["id"]) for r in on_0[1:3]] == [
+        (future_command, b"k1", "queue_cmd", 99, "c-future"),
+        (b"\xff not json", None, "", 0, ""),
+    ]
+    assert on_0[3]["id"] == "c2"
+    assert all(before_ms <= r["timestamp_ms"] <= after_ms for r in commands)
+    replies = [r for r in inbox.table.to_pylist() if r["partition"] == 0]
+    assert [r["value"] for r in replies if r["id"] == "c-future"] == [future_reply]
+    assert [r["id"] for r in replies] == ["c0", "c-future", "c2"]
+    # reply, delivery, the two raw records, reply, delivery: every offset covered
+    assert (inbox.coverage[0].first, inbox.coverage[0].last, inbox.coverage[0].gaps) == (0, 5, ())
 
 
 def test_sigkill_between_write_and_rename_leaves_nothing_visible(tmp_path: Path) -> None:
