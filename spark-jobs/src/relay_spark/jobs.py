@@ -50,15 +50,26 @@ def spark_schema(schema: pa.Schema) -> T.StructType:
 
 
 def read_topic(
-    spark: SparkSession, store: ArchiveStore, epoch: str, topic: str, kinds: list[str]
+    spark: SparkSession,
+    store: ArchiveStore,
+    epoch: str,
+    topic: str,
+    kinds: list[str],
+    *,
+    skip_corrupt: bool = False,
 ) -> DataFrame:
-    """One topic of one epoch, once per (partition, offset), only `kinds`."""
+    """One topic of one epoch, once per (partition, offset), only `kinds`. A file Spark
+    cannot read fails the job, unless `skip_corrupt` (verify's chart, drawn beside a health
+    check that reports the file: a damaged file must give exit 2, not a crash)."""
     folder = f"{layout.LAYOUT}/epoch={epoch}/topic={topic}"
     schema = spark_schema(archive_rows.SCHEMA).add("partition", T.IntegerType(), False)
     if not store.list_files(folder):
         return spark.createDataFrame([], schema)
     path = f"{store.root.rstrip('/')}/{folder}"
-    frame = spark.read.option("basePath", path).parquet(path)
+    reading = spark.read.option("basePath", path)
+    if skip_corrupt:
+        reading = reading.option("ignoreCorruptFiles", "true")
+    frame = reading.parquet(path)
     return (
         frame.where(F.col("kind").isin(kinds))
         .dropDuplicates(["partition", "offset"])
@@ -332,7 +343,9 @@ def verify_job(
     differences.sort(key=lambda d: (d.what, d.key))
     health = verify.check_archive(store, cut)
     code = verify.exit_code(health, differences)
-    commands = read_topic(spark, store, cut.epoch, topics.QUEUE_COMMANDS, ["queue_cmd"])
+    commands = read_topic(
+        spark, store, cut.epoch, topics.QUEUE_COMMANDS, ["queue_cmd"], skip_corrupt=True
+    )
     per_minute = (
         commands.groupBy((F.col("timestamp_ms") / 60000).cast("long").alias("minute"))
         .count()
