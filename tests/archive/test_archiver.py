@@ -15,11 +15,15 @@ from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
 import httpx
+import pytest
 
-from relay_archive import layout, reader
+from relay_archive import layout, reader, writer
 from relay_archive.store import ArchiveStore, LocalStore
+from relay_archiver.archiving import Archiver, Timing
 from relay_bus import clients, schemas, topics
 from relay_bus.bus import Bus
+from relay_bus.config import KafkaSettings
+from relay_bus.consumers import Received
 from relay_runtime.readiness import Readiness
 from tests.helpers import BIN, ROOT, Kafka, free_port, service_env
 
@@ -230,6 +234,49 @@ async def test_records_this_build_cannot_read_are_kept_as_kafka_holds_them(
     assert [r["id"] for r in replies] == ["c0", "c-future", "c2"]
     # reply, delivery, the two raw records, reply, delivery: every offset covered
     assert (inbox.coverage[0].first, inbox.coverage[0].last, inbox.coverage[0].gaps) == (0, 5, ())
+
+
+async def test_a_log_replaced_under_a_partition_is_never_filed_under_the_old_epoch(
+    tmp_path: Path,
+) -> None:
+    """Between a wipe and the keeper noticing it, the consumer resets to the new log's start:
+    a read below the slot's buffer start fails (retried by the bus) instead of being skipped
+    as already buffered and the new log then filed under the old epoch; offsets read again
+    within the buffer (a handler retry, a batch in hand across a rebalance's seek) are
+    skipped; once the bus knows the new epoch, the new log goes to its own folder.
+    (`Archiver` on a real folder, its bus not connected: the keeper's part, setting `epoch`,
+    is done by hand.)"""
+    store = LocalStore(tmp_path)
+    bus = Bus(KafkaSettings(), client_id="t", readiness=Readiness())
+    bus.epoch = "old"
+    archiver = Archiver(bus, store, writer.RollPolicy(), Timing())
+
+    def received(offset: int, n: int) -> Received:
+        record = _send(n)
+        value = schemas.encode(record)
+        return Received(topics.QUEUE_COMMANDS, 0, offset, None, record, value, 1_000 + n)
+
+    await archiver.resume(topics.QUEUE_COMMANDS, [0])
+    for offset in range(4):
+        await archiver.add(topics.QUEUE_COMMANDS, received(offset, offset))
+    assert await archiver.resume(topics.QUEUE_COMMANDS, [0]) == {0: 4}  # a file 0..3
+    for offset in range(4, 10):
+        await archiver.add(topics.QUEUE_COMMANDS, received(offset, offset))
+    for offset in (9, 4, 7):  # read again: skipped
+        await archiver.add(topics.QUEUE_COMMANDS, received(offset, offset))
+    with pytest.raises(writer.OutOfOrder):
+        await archiver.add(topics.QUEUE_COMMANDS, received(0, 100))  # the new log's first
+    with pytest.raises(writer.OutOfOrder):
+        await archiver.add(topics.QUEUE_COMMANDS, received(3, 103))
+    bus.epoch = "new"  # the keeper noticed
+    for offset in range(3):
+        await archiver.add(topics.QUEUE_COMMANDS, received(offset, 100 + offset))
+    await archiver.close()
+    old = reader.scan(store, "old", topics.QUEUE_COMMANDS).table
+    assert old["id"].to_pylist() == [f"c{n}" for n in range(10)]
+    new = reader.scan(store, "new", topics.QUEUE_COMMANDS).table
+    assert new["id"].to_pylist() == ["c100", "c101", "c102"]
+    assert new["offset"].to_pylist() == [0, 1, 2]
 
 
 def test_sigkill_between_write_and_rename_leaves_nothing_visible(tmp_path: Path) -> None:

@@ -13,9 +13,14 @@ Invariants:
   a newer build's kind or version is kept on a topic archived whole, never dropped while the
   file's name claims its offset;
 - a new broker epoch (the keeper saw a wiped log) writes the old epoch's buffers, then archives
-  the new log under its own epoch: offsets of two logs are never mixed in one folder.
-  Caveat: records of the consumer's batch in hand when the keeper notices the new epoch are
-  filed under the new one (one batch at most, and only after a wipe).
+  the new log under its own epoch: offsets of two logs are never mixed in one folder. Before
+  the keeper sees it, a read below a slot's buffer start (the consumer reset to the new log's
+  start) fails and is retried, never skipped as read. Not told apart: a new log read while a
+  slot's buffer still starts at 0 (its first file not written yet) looks like a seek back.
+  Caveat: records of the old log still in the consumer's hand when the keeper notices the new
+  epoch (a batch fetched before the wipe, handled after the keeper's check) are filed under the
+  new one at their old offsets, and the new log below them is then never read: the new
+  epoch's archive starts above 0, which verify reports as a gap (exit 2).
 """
 
 from __future__ import annotations
@@ -162,8 +167,15 @@ class Archiver:
             for old in [s for s in self.buffers if s.topic == topic and s.epoch != slot.epoch]:
                 del self.buffers[old]
             buffer = self.buffers.setdefault(slot, writer.SlotBuffer(slot, None))
-        if buffer.pending and offset <= buffer.last:
-            return  # read twice (a seek back after a handler retry): already buffered
+        if buffer.pending and buffer.first is not None and buffer.first <= offset <= buffer.last:
+            # Read again: a seek back after a handler retry, or a batch in hand when a
+            # rebalance's resume seeked to this buffer's start. Already buffered.
+            return
+        # Below the buffer's start nothing of this process seeks: the log was replaced under
+        # the partition (a wipe the keeper has not noticed yet, the consumer reset to the new
+        # log's start). `SlotBuffer.add` refuses it (`OutOfOrder`), retried until the bus
+        # resets to the new epoch, instead of skipping it as read and filing the new log's
+        # later records under the old epoch.
         kept = row() if selection.keeps(topic, kind) else None
         if kept is None:
             _SKIPPED.labels(topic).inc()
