@@ -4,6 +4,7 @@ on read, damaged files reported."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pyarrow as pa
@@ -55,6 +56,44 @@ def test_row_of_keeps_any_bytes() -> None:
     assert (row.kind, row.v, row.id, row.value) == ("", 0, "", b"\xff not json")
     row = rows.row_of(6, 1, None, b'{"kind": "queue_reply", "v": 1, "id": "x"}')
     assert (row.kind, row.v, row.id) == ("queue_reply", 1, "x")
+
+
+def test_a_file_is_fsynced_renamed_then_its_folders_fsynced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The crash-safe order, on a real folder (the calls go through, only recorded): the
+    temporary file fsynced, renamed to its name, then its folder and every folder above it up
+    to the root fsynced, and the root's parent too for a root this write made."""
+    done: list[tuple[str, str]] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        done.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def replace(source: str | os.PathLike[str], target: str | os.PathLike[str]) -> None:
+        done.append(("replace", f"{source} -> {target}"))
+        real_replace(source, target)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    root = tmp_path.resolve() / "archive"
+    store = LocalStore(root)
+    f = _write(store, 0, 4)
+    folder = root / f.slot.folder
+    (kind, synced), (_, renamed), *folders = done
+    assert kind == "fsync"
+    assert Path(synced).parent == folder
+    assert Path(synced).name.startswith(layout.TEMP_PREFIX)
+    assert renamed == f"{synced} -> {folder / f.name}"
+    above = [folder, *[root / p for p in folder.relative_to(root).parents], root.parent]
+    assert folders == [("fsync", str(d)) for d in above]
+    assert store.read(f)["offset"].to_pylist() == [0, 1, 2, 3, 4]
+    # a later file of the slot: the same order, the root existing already
+    done.clear()
+    _write(store, 5, 9)
+    assert [k for k, _ in done] == ["fsync", "replace", *["fsync"] * (len(above) - 1)]
+    assert done[2] == ("fsync", str(folder))
 
 
 def test_written_file_is_zstd_parquet_with_the_schema(tmp_path: Path) -> None:
@@ -130,10 +169,50 @@ def test_slot_buffer_is_contiguous_and_refuses_going_back(tmp_path: Path) -> Non
     f, kept = taken
     assert (f.first, f.last, [r.offset for r in kept]) == (7, 8, [7])
     assert buffer.take() is None
+    # … or at its size, whatever its age
+    sized = writer.RollPolicy(max_bytes=2 * _row(0).size, max_age_s=10**6)
     buffer.add(9, _row(9), now_s=110.0)
+    assert not buffer.due(sized, now_s=110.0)
+    buffer.add(10, None, now_s=110.0)  # read, not kept: adds no bytes
+    assert not buffer.due(sized, now_s=110.0)
+    buffer.add(11, _row(11), now_s=110.0)
+    assert buffer.due(sized, now_s=110.0)
     taken = buffer.take()
     assert taken is not None
-    assert (taken[0].first, taken[0].last) == (9, 9)
+    assert (taken[0].first, taken[0].last, len(taken[1])) == (9, 11, 2)
+    buffer.add(12, _row(12), now_s=110.0)
+    taken = buffer.take()
+    assert taken is not None
+    assert (taken[0].first, taken[0].last) == (12, 12)
+
+
+def test_records_per_minute_count_each_record_once_by_its_kafka_minute(tmp_path: Path) -> None:
+    """Verify's coverage chart: each record of the kinds asked once (overlaps removed) in the
+    minute of its Kafka timestamp; a damaged file's records are left out, not misread."""
+    store = LocalStore(tmp_path)
+    minute = 60_000
+    start = 28_000_000 * minute  # a whole minute
+
+    def put(slot: layout.Slot, first: int, stamps: list[int], kind: str = "queue_cmd") -> None:
+        f = layout.ArchiveFile(slot, first, first + len(stamps) - 1)
+        value = json.dumps({"kind": kind, "v": 2, "id": "c"}).encode()
+        made = [rows.row_of(first + i, t, None, value) for i, t in enumerate(stamps)]
+        writer.write(store, f, made)
+
+    put(SLOT, 0, [start, start + 1, start + minute - 1, start + minute])
+    put(SLOT, 2, [start + minute - 1, start + minute])  # a hand-over's overlap: read once
+    other = layout.Slot("e1", SLOT.topic, 0)
+    put(other, 0, [start + 3 * minute, start + 3 * minute + 5])
+    put(other, 2, [start + 3 * minute], kind="ping")  # another kind: not counted
+    put(other, 3, [start + 9 * minute] * 300)
+    damaged = tmp_path / layout.ArchiveFile(other, 3, 302).path
+    damaged.write_bytes(damaged.read_bytes()[:100])
+    assert reader.per_minute(store, "e1", SLOT.topic, ["queue_cmd"]) == [
+        (start // minute, 3),
+        (start // minute + 1, 1),
+        (start // minute + 3, 2),
+    ]
+    assert reader.per_minute(store, "e2", SLOT.topic, ["queue_cmd"]) == []
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip"])

@@ -11,7 +11,7 @@ import pytest
 from relay_bus import clients, schemas, topics
 from relay_bus.bus import Bus
 from relay_bus.config import KafkaSettings
-from relay_bus.consumers import Received
+from relay_bus.consumers import Received, Unreadable
 from relay_runtime import exits
 from relay_runtime.readiness import Readiness
 from tests.helpers import Kafka, free_port
@@ -177,6 +177,50 @@ async def test_failing_handler_is_retried_and_unreadable_records_are_skipped(kaf
     await _eventually(lambda: attempts[-2:] == ["p0", "p1"])
     await bus.stop()
     assert attempts == ["p0", "p0", "p1"]
+
+
+async def test_an_unreadable_record_goes_to_on_unreadable_once_it_succeeds(kafka: Kafka) -> None:
+    """The archiver's hook: a record the handler never sees is handed over as Kafka holds it,
+    retried like a handler until it returns, and reading goes on after it."""
+    settings = _settings(kafka)
+    bus = Bus(settings, client_id="t", readiness=Readiness())
+    seen: list[str] = []
+    unreadable: list[Unreadable] = []
+
+    async def handler(received: Received) -> None:
+        assert isinstance(received.record, schemas.Ping)
+        seen.append(received.record.id)
+
+    async def on_unreadable(record: Unreadable) -> None:
+        unreadable.append(record)
+        if len(unreadable) == 1:
+            raise RuntimeError("transient")
+
+    bus.consumer(
+        topics.QUEUE_COMMANDS, handler, group_id="g", partitions=[0], on_unreadable=on_unreadable
+    )
+    await bus.start(5)
+    await bus.send(topics.QUEUE_COMMANDS, _ping(0), partition=0)
+    producer = clients.producer(settings, "raw")
+    await producer.start()
+    future = b'{"kind": "future", "v": 9}'
+    await producer.send_and_wait(bus.physical(topics.QUEUE_COMMANDS), future, key=b"k", partition=0)
+    await producer.stop()
+    await bus.send(topics.QUEUE_COMMANDS, _ping(1), partition=0)
+    await _eventually(lambda: seen == ["p0", "p1"])
+    await bus.stop()
+    assert len(unreadable) == 2  # the first attempt raised: handed over again
+    assert unreadable[0] == unreadable[1]
+    got = unreadable[1]
+    assert (got.topic, got.partition, got.offset, got.key, got.value) == (
+        topics.QUEUE_COMMANDS,
+        0,
+        1,
+        b"k",
+        future,
+    )
+    assert got.timestamp_ms > 0
+    assert "unknown record kind" in got.error
 
 
 async def test_group_consumer_gets_assigned_and_becomes_ready(kafka: Kafka) -> None:

@@ -5,6 +5,7 @@ classes and exit codes, bad input refused."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import SparkSession
 
-from relay_archive import export, layout, reader, rows, standing, tables, verify, writer
+from relay_archive import export, layout, reader, report, rows, standing, tables, verify, writer
 from relay_archive.store import LocalStore
 from relay_bus import topics
 from relay_spark import jobs, main
@@ -123,7 +124,9 @@ def test_clean_and_unanswered_commands_only_uncertain(
     live = _live(python_out)
     code, doc = _verify(spark, archive[0], cut, spark_out, _export(tmp_path / "clean", live, cut))
     assert (code, doc["counts"]) == (0, {"MISSING": 0, "EXTRA": 0, "MISMATCH": 0, "EXPLAINED": 0})
-    assert doc["coverage_per_minute"]
+    chart = reader.per_minute(archive[0], cut.epoch, topics.QUEUE_COMMANDS, ["queue_cmd"])
+    assert len(chart) > 1
+    assert doc["coverage_per_minute"] == [list(pair) for pair in chart]  # the plain engine's
     # the queue-writer applied an unanswered send after all: explained, not EXTRA
     unanswered = next(
         r for r in tables.read_table(spark_out, "uncertain").to_pylist() if r["op"] == "send"
@@ -211,13 +214,14 @@ def test_cli_exit_codes_reports_and_bad_input(
     moved = tmp_path / "moved.parquet"
     (Path(store.root) / victim.path).rename(moved)
     try:
-        with pytest.raises(SystemExit) as done:
-            main.main([*args, "--report", str(tmp_path / "r2"), "--engine", "python"])
-        assert done.value.code == 2
-        doc = json.loads((tmp_path / "r2" / "report.json").read_text())
-        assert doc["archive"]["gaps"][topics.QUEUE_COMMANDS] == [
-            [victim.slot.partition, victim.first, victim.last]
-        ]
+        for engine in ("python", "spark"):
+            with pytest.raises(SystemExit) as done:
+                main.main([*args, "--report", str(tmp_path / engine), "--engine", engine])
+            assert done.value.code == 2, engine
+            doc = json.loads((tmp_path / engine / "report.json").read_text())
+            assert doc["archive"]["gaps"][topics.QUEUE_COMMANDS] == [
+                [victim.slot.partition, victim.first, victim.last]
+            ]
     finally:
         moved.rename(Path(store.root) / victim.path)
     # bad input: one line, exit 64, nothing written
@@ -253,6 +257,26 @@ def test_cli_exit_codes_reports_and_bad_input(
         assert not (tmp_path / "r3").exists()
 
 
+def test_the_plain_engine_charts_archived_commands_per_minute(
+    archive: tuple[LocalStore, synthetic.Made], tmp_path: Path
+) -> None:
+    """`verify --engine python` (no Spark session) gives the report the same chart as Spark's
+    job: every archived command once, in the minute of its Kafka timestamp."""
+    store, made = archive
+    cut = tables.Cut(synthetic.EPOCH, AT_MS, made.commands)
+    jobs.rebuild_python(store, cut, tmp_path / "rebuilt")
+    live = _export(tmp_path / "live", _live(tmp_path / "rebuilt"), cut)
+    code, doc = jobs.verify_python(store, cut, tmp_path / "rebuilt", live)
+    assert code == 0
+    commands = reader.scan(store, synthetic.EPOCH, topics.QUEUE_COMMANDS, kinds=["queue_cmd"])
+    stamps = commands.table["timestamp_ms"].to_pylist()
+    expected = sorted(Counter(t // 60_000 for t in stamps).items())
+    assert len(expected) > 1
+    assert [tuple(pair) for pair in doc["coverage_per_minute"]] == expected
+    report.write(tmp_path / "report", doc)
+    assert (tmp_path / "report" / "report.html").read_text().count("<rect ") == len(expected)
+
+
 def test_a_corrupt_archive_file_is_a_gap(
     archive: tuple[LocalStore, synthetic.Made], tmp_path: Path
 ) -> None:
@@ -269,6 +293,36 @@ def test_a_corrupt_archive_file_is_a_gap(
     finally:
         path.write_bytes(original)
     assert verify.check_archive(store, cut).whole
+
+
+def test_a_damaged_commands_file_exits_2_under_spark_not_a_crash(
+    spark: SparkSession,
+    rebuilt: tuple[Path, Path, tables.Cut],
+    archive: tuple[LocalStore, synthetic.Made],
+    tmp_path: Path,
+) -> None:
+    """Spark's verify reads the commands again for its chart: a damaged file there is left out
+    of the chart (as the plain engine leaves it out) and reported, exit 2, not a job crash
+    (an uncaught error exits 1, which says "differences")."""
+    spark_out, python_out, cut = rebuilt
+    store = archive[0]
+    live = _export(tmp_path / "live", _live(python_out), cut)
+    victim = next(
+        f for f in store.list_files() if f.slot.topic == topics.QUEUE_COMMANDS and f.first > 0
+    )
+    path = Path(store.root) / victim.path
+    original = path.read_bytes()
+    path.write_bytes(original[: len(original) // 2])
+    try:
+        code, doc = _verify(spark, store, cut, spark_out, live)
+        plain_code, plain = jobs.verify_python(store, cut, spark_out, live)
+    finally:
+        path.write_bytes(original)
+    assert (code, plain_code) == (2, 2)
+    assert doc["archive"]["corrupt"] == plain["archive"]["corrupt"] == [str(path)]
+    assert doc["coverage_per_minute"] == plain["coverage_per_minute"]
+    whole = reader.per_minute(store, cut.epoch, topics.QUEUE_COMMANDS, ["queue_cmd"])
+    assert sum(n for _, n in whole) > sum(n for _, n in doc["coverage_per_minute"]) > 0
 
 
 def test_tables_round_trip_through_parquet(tmp_path: Path) -> None:

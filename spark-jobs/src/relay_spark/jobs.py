@@ -30,7 +30,7 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from relay_archive import export, layout, replay, report, standing, tables, verify
+from relay_archive import export, layout, reader, replay, report, standing, tables, verify
 from relay_archive import rebuild as rebuild_module
 from relay_archive import rows as archive_rows
 from relay_archive.store import ArchiveStore
@@ -50,15 +50,26 @@ def spark_schema(schema: pa.Schema) -> T.StructType:
 
 
 def read_topic(
-    spark: SparkSession, store: ArchiveStore, epoch: str, topic: str, kinds: list[str]
+    spark: SparkSession,
+    store: ArchiveStore,
+    epoch: str,
+    topic: str,
+    kinds: list[str],
+    *,
+    skip_corrupt: bool = False,
 ) -> DataFrame:
-    """One topic of one epoch, once per (partition, offset), only `kinds`."""
+    """One topic of one epoch, once per (partition, offset), only `kinds`. A file Spark
+    cannot read fails the job, unless `skip_corrupt` (verify's chart, drawn beside a health
+    check that reports the file: a damaged file must give exit 2, not a crash)."""
     folder = f"{layout.LAYOUT}/epoch={epoch}/topic={topic}"
     schema = spark_schema(archive_rows.SCHEMA).add("partition", T.IntegerType(), False)
     if not store.list_files(folder):
         return spark.createDataFrame([], schema)
     path = f"{store.root.rstrip('/')}/{folder}"
-    frame = spark.read.option("basePath", path).parquet(path)
+    reading = spark.read.option("basePath", path)
+    if skip_corrupt:
+        reading = reading.option("ignoreCorruptFiles", "true")
+    frame = reading.parquet(path)
     return (
         frame.where(F.col("kind").isin(kinds))
         .dropDuplicates(["partition", "offset"])
@@ -332,7 +343,9 @@ def verify_job(
     differences.sort(key=lambda d: (d.what, d.key))
     health = verify.check_archive(store, cut)
     code = verify.exit_code(health, differences)
-    commands = read_topic(spark, store, cut.epoch, topics.QUEUE_COMMANDS, ["queue_cmd"])
+    commands = read_topic(
+        spark, store, cut.epoch, topics.QUEUE_COMMANDS, ["queue_cmd"], skip_corrupt=True
+    )
     per_minute = (
         commands.groupBy((F.col("timestamp_ms") / 60000).cast("long").alias("minute"))
         .count()
@@ -348,7 +361,8 @@ def verify_job(
 def verify_python(
     store: ArchiveStore, cut: tables.Cut, rebuilt: Path, live: Path
 ) -> tuple[int, dict[str, Any]]:
-    """The same verdict with the plain-Python comparison (`relay_archive.verify.compare`)."""
+    """The same verdict and report with the plain-Python comparison
+    (`relay_archive.verify.compare`) and chart (`relay_archive.reader.per_minute`)."""
     names = ("queues", "messages", "retained", "streams", "uncertain")
     covers = export.covered(live)
     mine = {n: tables.read_table(rebuilt, n) for n in names}
@@ -358,5 +372,7 @@ def verify_python(
     differences = verify.compare(mine, theirs, cut.at_ms)
     health = verify.check_archive(store, cut)
     code = verify.exit_code(health, differences)
+    coverage = reader.per_minute(store, cut.epoch, topics.QUEUE_COMMANDS, ["queue_cmd"])
     cut_doc = {"epoch": cut.epoch, "at_ms": cut.at_ms, "offsets": cut.offsets, "tables": covers}
-    return code, report.document(verify.counts(differences), differences, health, [], cut_doc, code)
+    doc = report.document(verify.counts(differences), differences, health, coverage, cut_doc, code)
+    return code, doc

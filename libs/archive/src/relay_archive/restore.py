@@ -13,6 +13,11 @@ durable-stream messages of its partitions (each row's `partition` is the Kafka p
 stream engine (`StreamStore.store_batch`, each message with its own ts), per database, into
 databases created with `stream_shards` shards (the retainer's `RELAY_STREAMS__SHARDS`).
 
+Caveat (retainer): it resumes from its group's committed offsets, not from the rebuild's cut,
+so a write the lost retainer committed past the archive's end (the archiver lags by up to a
+roll age) is in neither. Rebuild only once `relayctl archive status` shows no lag on
+`relay.publications` with the retainer stopped (its committed offsets then stand still).
+
 Invariants: a restore writes only into a data dir that holds no journal, store log, retained
 store or stream store (`RestoreError` before anything is written otherwise); everything
 written is durable when it returns (the engines' own fsyncs, then a store-log dump). Not

@@ -2,8 +2,9 @@
 
 Invariants:
 - `put` makes a file visible whole or not at all. On a local folder it writes a temporary
-  name (`.tmp-…`) in the target folder, fsyncs the file, renames it and fsyncs the folder, so
-  after a crash at any point the file is either absent (a temporary one may be left, removed by
+  name (`.tmp-…`) in the target folder, fsyncs the file, renames it and fsyncs the folder (and
+  each folder above it up to the root, whose entries a new slot adds), so after a crash at
+  any point the file is either absent (a temporary one may be left, removed by
   `clean_temporary` and never listed) or complete and durable. On object storage one PUT is
   already all or nothing, so the object is written under its final key directly;
 - `list_files` returns only finished files of the current layout, sorted; anything else in the
@@ -86,6 +87,7 @@ class LocalStore:
 
     def put(self, f: layout.ArchiveFile, table: pa.Table) -> int:
         folder = self._root / f.slot.folder
+        new_root = not self._root.exists()
         folder.mkdir(parents=True, exist_ok=True)
         temporary = folder / f"{layout.TEMP_PREFIX}{uuid.uuid4().hex}-{f.name}"
         try:
@@ -99,9 +101,13 @@ class LocalStore:
             temporary.unlink(missing_ok=True)
             raise
         fsync_dir(folder)
-        # A new slot's folders were created too: make their entries durable up to the root.
-        for parent in list((folder.relative_to(self._root)).parents)[:-1]:
+        # A new slot's folders may have been created too: make each entry durable in its
+        # parent, up to the root's own entry (`v1` lives in the root; a root made here lives
+        # in its parent). Re-syncing an unchanged folder costs little, one file per roll.
+        for parent in folder.relative_to(self._root).parents:
             fsync_dir(self._root / parent)
+        if new_root:
+            fsync_dir(self._root.parent)
         return size
 
     def list_files(self, folder: str = layout.LAYOUT) -> list[layout.ArchiveFile]:

@@ -29,7 +29,7 @@ from prometheus_client import Counter
 
 from relay_bus import clients, schemas, topics
 from relay_bus.config import KafkaSettings
-from relay_bus.consumers import Consumer, Handler, Revoked, StartOffsets
+from relay_bus.consumers import Consumer, Handler, Revoked, StartOffsets, UnreadableHandler
 from relay_runtime import exits
 from relay_runtime.readiness import Readiness
 
@@ -85,6 +85,7 @@ class Bus:
         start_offsets: StartOffsets | None = None,
         on_revoked: Revoked | None = None,
         member: str | None = None,
+        on_unreadable: UnreadableHandler | None = None,
     ) -> Consumer:
         """Register a consumer, started with the bus; see `Consumer` for the two modes and
         `Consumer.member` for static group membership."""
@@ -99,6 +100,7 @@ class Bus:
             start_offsets=start_offsets,
             on_revoked=on_revoked,
             member=member,
+            on_unreadable=on_unreadable,
         )
         self.consumers.append(consumer)
         self.readiness.register(consumer.name)

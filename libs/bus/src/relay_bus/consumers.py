@@ -11,7 +11,9 @@ Invariants:
   consumer commits after every batch, in line: its committed offset is where it (or the group
   member that takes its partitions over) may start reading, whatever `start_offsets` later
   says, so it is kept as close as the handler allows. Stop and revocation commit in line;
-- a record this build cannot decode is counted, logged once and skipped (it would fail forever);
+- a record this build cannot decode is counted, logged once and skipped (it would fail forever),
+  after `on_unreadable` (when given: the archiver, which keeps every record's bytes) returned
+  for it; an `on_unreadable` that raises is retried like a handler;
 - `stop()` lets the batch in hand finish, commits, and leaves the group before returning;
 - `reassign()` (fixed partitions only) returns once no record of a dropped partition is being
   handled or will be handed on (fetched ones are discarded), after committing what was handled;
@@ -61,7 +63,21 @@ class Received:
     """Kafka's timestamp of the record (the producer's create time)."""
 
 
+@dataclass(frozen=True)
+class Unreadable:
+    """A record this build cannot decode, as Kafka holds it, and why."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes
+    timestamp_ms: int
+    error: str
+
+
 Handler = Callable[[Received], Awaitable[None]]
+UnreadableHandler = Callable[[Unreadable], Awaitable[None]]
 StartOffsets = Callable[[list[int]], Awaitable[dict[int, int]]]
 """Given the partitions just assigned, the offset to start each at (missing ones: as usual)."""
 Revoked = Callable[[list[int]], Awaitable[None]]
@@ -104,6 +120,7 @@ class Consumer:
         start_offsets: StartOffsets | None = None,
         on_revoked: Revoked | None = None,
         member: str | None = None,
+        on_unreadable: UnreadableHandler | None = None,
     ) -> None:
         if partitions is None and group_id is None:
             raise ValueError("a group consumer needs a group_id")
@@ -118,6 +135,8 @@ class Consumer:
         self.partitions = list(partitions) if partitions is not None else None
         self.start_offsets = start_offsets
         self.on_revoked = on_revoked
+        self.on_unreadable = on_unreadable
+        """Given each record the handler never sees because it cannot be decoded."""
         self.member = member
         """A static group member's name (`group.instance.id`, KIP-345): a member that restarts
         under the same name within the session timeout gets its partitions back without a
@@ -278,6 +297,22 @@ class Consumer:
                 offset=offset,
                 error=str(error),
             )
+            if self.on_unreadable is not None:
+                unreadable = Unreadable(
+                    self.topic,
+                    tp.partition,
+                    offset,
+                    getattr(message, "key", None),
+                    value or b"",
+                    getattr(message, "timestamp", 0),
+                    str(error),
+                )
+                try:
+                    await self.on_unreadable(unreadable)
+                except Exception:
+                    _FAILED.labels(self.topic).inc()
+                    log.exception("unreadable_handler_failed", topic=self.topic, offset=offset)
+                    return False
             self._handled[tp] = offset + 1
             return True
         received = Received(

@@ -59,6 +59,7 @@ def build(config: ArchiverSettings) -> tuple[FastAPI, BusLifecycle]:
             group_id=GROUP,
             start_offsets=archiver.start_offsets(topic),
             on_revoked=archiver.revoked(topic),
+            on_unreadable=archiver.unreadable(topic),
         )
     app = FastAPI(title="Relay archiver", routes=probe_routes(readiness))
     lifecycle = BusLifecycle(

@@ -9,10 +9,18 @@ Invariants:
 - one slot's files are written one at a time, in offset order (a lock per slot), so a file
   never becomes durable before an earlier one of its slot;
 - a partition taken away (rebalance) or a stop writes what its buffer holds before letting go;
+- every record read is noted, the ones the bus cannot decode too (`unreadable`): a record of
+  a newer build's kind or version is kept on a topic archived whole, never dropped while the
+  file's name claims its offset;
 - a new broker epoch (the keeper saw a wiped log) writes the old epoch's buffers, then archives
-  the new log under its own epoch: offsets of two logs are never mixed in one folder.
-  Caveat: records of the consumer's batch in hand when the keeper notices the new epoch are
-  filed under the new one (one batch at most, and only after a wipe).
+  the new log under its own epoch: offsets of two logs are never mixed in one folder. Before
+  the keeper sees it, a read below a slot's buffer start (the consumer reset to the new log's
+  start) fails and is retried, never skipped as read. Not told apart: a new log read while a
+  slot's buffer still starts at 0 (its first file not written yet) looks like a seek back.
+  Caveat: records of the old log still in the consumer's hand when the keeper notices the new
+  epoch (a batch fetched before the wipe, handled after the keeper's check) are filed under the
+  new one at their old offsets, and the new log below them is then never read: the new
+  epoch's archive starts above 0, which verify reports as a gap (exit 2).
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ from prometheus_client import Counter, Gauge
 from relay_archive import layout, reader, rows, selection, writer
 from relay_archive.store import ArchiveStore
 from relay_bus.bus import Bus
-from relay_bus.consumers import Received
+from relay_bus.consumers import Received, Unreadable
 
 log = structlog.get_logger(__name__)
 
@@ -128,8 +136,29 @@ class Archiver:
         log.info("archive_resumed", topic=topic, epoch=epoch, offsets=offsets)
         return offsets
 
+    def unreadable(self, topic: str) -> Callable[[Unreadable], Awaitable[None]]:
+        """For records the bus cannot decode (a newer build's kind or version, foreign bytes):
+        kept like any other (`relay_archive.selection`), so the archive stays the log."""
+
+        async def handle(record: Unreadable) -> None:
+            row = rows.row_of(record.offset, record.timestamp_ms, record.key, record.value)
+            await self.note(topic, record.partition, record.offset, row.kind, lambda: row)
+
+        return handle
+
     async def add(self, topic: str, received: Received) -> None:
-        slot = layout.Slot(self._epoch(), topic, received.partition)
+        def row() -> rows.Row:
+            r = received
+            return rows.row_of(r.offset, r.timestamp_ms, r.key, r.value)
+
+        await self.note(topic, received.partition, received.offset, received.record.kind, row)
+
+    async def note(
+        self, topic: str, partition: int, offset: int, kind: str, row: Callable[[], rows.Row]
+    ) -> None:
+        """`offset` of `partition` read; its row (made only then) kept if the topic keeps
+        `kind`."""
+        slot = layout.Slot(self._epoch(), topic, partition)
         buffer = self.buffers.get(slot)
         if buffer is None:
             # A new epoch seen before the consumer was told to read again: the old epoch's
@@ -138,15 +167,19 @@ class Archiver:
             for old in [s for s in self.buffers if s.topic == topic and s.epoch != slot.epoch]:
                 del self.buffers[old]
             buffer = self.buffers.setdefault(slot, writer.SlotBuffer(slot, None))
-        if buffer.pending and received.offset <= buffer.last:
-            return  # read twice (a seek back after a handler retry): already buffered
-        kind = received.record.kind
-        if selection.keeps(topic, kind):
-            row = rows.row_of(received.offset, received.timestamp_ms, received.key, received.value)
-        else:
-            row = None
+        if buffer.pending and buffer.first is not None and buffer.first <= offset <= buffer.last:
+            # Read again: a seek back after a handler retry, or a batch in hand when a
+            # rebalance's resume seeked to this buffer's start. Already buffered.
+            return
+        # Below the buffer's start nothing of this process seeks: the log was replaced under
+        # the partition (a wipe the keeper has not noticed yet, the consumer reset to the new
+        # log's start). `SlotBuffer.add` refuses it (`OutOfOrder`), retried until the bus
+        # resets to the new epoch, instead of skipping it as read and filing the new log's
+        # later records under the old epoch.
+        kept = row() if selection.keeps(topic, kind) else None
+        if kept is None:
             _SKIPPED.labels(topic).inc()
-        buffer.add(received.offset, row, time.monotonic())
+        buffer.add(offset, kept, time.monotonic())
         if buffer.bytes >= self.policy.max_bytes:
             await self.flush([slot])
 
