@@ -146,7 +146,8 @@ def test_partitions_are_deduplicated_apart_and_big_binaries_get_64_bit_offsets(
     _write(store, 2, 6, other)
     monkeypatch.setattr(reader, "LARGE_FROM_BYTES", 200)
     scan = reader.scan(store, "e1", SLOT.topic)
-    assert list(zip(scan.table["partition"].to_pylist(), scan.table["offset"].to_pylist())) == [
+    by = scan.table.select(["partition", "offset"]).to_pylist()
+    assert [(row["partition"], row["offset"]) for row in by] == [
         *((3, o) for o in range(15)),
         *((5, o) for o in range(7)),
     ]
