@@ -11,7 +11,7 @@ import pytest
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from relay_archiver.app import ArchiverSettings
+from relay_archiver.settings import ArchiverSettings
 from relay_delivery.app import DeliverySettings
 from relay_ingress.settings import IngressSettings
 from relay_queue_writer.app import QueueWriterSettings

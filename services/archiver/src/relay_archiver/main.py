@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from relay_archiver.app import ArchiverSettings, build
+from relay_archiver.app import build
+from relay_archiver.settings import ArchiverSettings
 from relay_runtime.serve import run_service
 
 
