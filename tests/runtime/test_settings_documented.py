@@ -12,7 +12,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from relay_archiver.settings import ArchiverSettings
-from relay_delivery.app import DeliverySettings
+from relay_delivery.settings import DeliverySettings
 from relay_ingress.settings import IngressSettings
 from relay_queue_writer.app import QueueWriterSettings
 from relay_replicator.app import ReplicatorSettings

@@ -2,36 +2,28 @@
 (queue messages, live publications) to the ingress instance that holds each subscriber's
 connection.
 
-Wiring only: settings, Redis, the bus and its consumers, probe routes. Domain logic lives in
-`relay_queues.delivery` and `relay_topics.index`.
+Wiring only: settings (`relay_delivery.settings`), Redis, the bus and its consumers, probe
+routes. Domain logic lives in `relay_queues.delivery` and `relay_topics.index`.
 """
 
 from __future__ import annotations
 
 from fastapi import FastAPI
-from pydantic import RedisDsn
 
 from relay_bus import ping, topics
 from relay_bus.bus import Bus
-from relay_bus.config import KafkaSettings
 from relay_bus.lifecycle import BusLifecycle
 from relay_delivery.publications import LivePublications
 from relay_delivery.pushes import Pushes
+from relay_delivery.settings import DeliverySettings
 from relay_routes import client, subscriptions
 from relay_routes.topic_subscriptions import TopicSubscriptions
-from relay_runtime import settings
 from relay_runtime.probes import probe_routes
 from relay_runtime.readiness import Readiness
 
 SERVICE = "delivery"
 GROUP = "relay.delivery"
 PUBLICATIONS_GROUP = "relay.delivery.publications"
-
-
-class DeliverySettings(settings.ServiceSettings):
-    kafka: KafkaSettings = KafkaSettings()
-    redis_url: RedisDsn = RedisDsn("redis://127.0.0.1:6379/0")
-    """Redis holding which ingress connection subscribes to each queue."""
 
 
 def build(config: DeliverySettings) -> tuple[FastAPI, BusLifecycle]:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from relay_delivery.app import DeliverySettings, build
+from relay_delivery.app import build
+from relay_delivery.settings import DeliverySettings
 from relay_runtime.serve import run_service
 
 
