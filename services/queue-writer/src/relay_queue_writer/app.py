@@ -2,19 +2,16 @@
 generation of the pool's assignment gives it, fenced: `relay_bus.fencing`, decision 0019) to
 the queue journals and store log on its volume.
 
-Wiring only: settings, the bus and its consumers, probe routes. Domain logic lives in libs.
+Wiring only: settings (`relay_queue_writer.settings`), the bus and its consumers, probe routes.
+Domain logic lives in libs.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from fastapi import FastAPI
-from pydantic import Field
 
 from relay_bus import ping, schemas, topics
 from relay_bus.bus import Bus
-from relay_bus.config import KafkaSettings
 from relay_bus.consumers import Received
 from relay_bus.fencing import Ownership
 from relay_bus.lifecycle import BusLifecycle
@@ -24,31 +21,14 @@ from relay_queue_writer import announce
 from relay_queue_writer.admin import AdminRequests
 from relay_queue_writer.commands import Commands
 from relay_queue_writer.handoff import Handoff
+from relay_queue_writer.settings import QueueWriterSettings
 from relay_queue_writer.stores import Stores
-from relay_queues import idempotency
-from relay_runtime import ownership, settings
+from relay_runtime import ownership
 from relay_runtime.probes import probe_routes
 from relay_runtime.readiness import Readiness
 
 SERVICE = "queue-writer"
 GROUP = "relay.queue-writer"
-
-
-class QueueWriterSettings(settings.ServiceSettings):
-    kafka: KafkaSettings = KafkaSettings()
-    data: settings.DataSettings = settings.DataSettings(dir=Path("./var/queue-writer"))
-    dump_interval_s: float = Field(3600.0, ge=0)
-    """Seconds between store-log dumps; 0 switches the timer off (the operator drives dumps)."""
-    expire_interval_s: float = Field(3600.0, gt=0)
-    """Seconds between sweeps dropping expired messages from every queue."""
-    idempotency_window_s: int = Field(idempotency.DEFAULT_WINDOW_S, ge=1)
-    """How long a SEND is remembered by its `Idempotency-Key` (or, without one, its msg_id,
-    which a Kafka producer retry repeats): a retry within it is answered with the first
-    send's msg_id and stores nothing, across restarts. Memory and disk grow with the sends
-    of one window."""
-    store_repair: bool = False
-    """Start even if the store log has unreadable records in the middle, skipping them (each
-    is logged). Off by default: such a start loses the skipped changes."""
 
 
 def build(config: QueueWriterSettings) -> tuple[FastAPI, BusLifecycle]:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from relay_queue_writer.app import QueueWriterSettings, build
+from relay_queue_writer.app import build
+from relay_queue_writer.settings import QueueWriterSettings
 from relay_runtime.serve import run_service
 
 
