@@ -14,8 +14,9 @@ from typing import Any
 import uvicorn
 
 from relay_bus import schemas
-from relay_replicator.app import KvSettings, ReplicatorSettings, build
+from relay_replicator.app import build
 from relay_replicator.coordinator import Coordinator
+from relay_replicator.settings import KvSettings, ReplicatorSettings
 from relay_runtime.settings import DataSettings, HttpSettings
 from tests import helpers
 

@@ -15,7 +15,7 @@ from relay_archiver.settings import ArchiverSettings
 from relay_delivery.settings import DeliverySettings
 from relay_ingress.settings import IngressSettings
 from relay_queue_writer.settings import QueueWriterSettings
-from relay_replicator.app import ReplicatorSettings
+from relay_replicator.settings import ReplicatorSettings
 from relay_retainer.app import RetainerSettings
 from relay_runtime.settings import ENV_PREFIX, NESTED_DELIMITER
 

@@ -1,23 +1,20 @@
 """Replicator: keeps replicated key-value data (`/v1/kv`) across sites (seed 004).
 
-Wiring only: settings, the store, the peers, the coordinator consuming `relay.replication` in
-the consumer group `relay.replicator`, the replica's internal HTTP routes, hinted handoff,
-anti-entropy and membership-change loops, probe routes. The rules live in `relay_kv`; decision
-0011 records the transport, storage, clock and membership choices.
+Wiring only: settings (`relay_replicator.settings`), the store, the peers, the coordinator
+consuming `relay.replication` in the consumer group `relay.replicator`, the replica's internal
+HTTP routes, hinted handoff, anti-entropy and membership-change loops, probe routes. The rules
+live in `relay_kv`; decision 0011 records the transport, storage, clock and membership choices.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 from fastapi import FastAPI
-from pydantic import BaseModel, Field
 
 from relay_bus import ping, schemas, topics
 from relay_bus.bus import Bus
-from relay_bus.config import KafkaSettings
 from relay_bus.consumers import Received
 from relay_bus.lifecycle import BusLifecycle
 from relay_kv import hints
@@ -27,49 +24,15 @@ from relay_replicator.changes import Changes
 from relay_replicator.coordinator import Coordinator, CoordinatorSettings, Replicas
 from relay_replicator.handoff import Handoff
 from relay_replicator.peers import Peers
+from relay_replicator.settings import ReplicatorSettings
 from relay_replicator.site import load_or_create_site
 from relay_replicator.store import KvStore
 from relay_replicator.sync import Sync
-from relay_runtime import settings
 from relay_runtime.probes import probe_routes
 from relay_runtime.readiness import Readiness
 
 SERVICE = "replicator"
 GROUP = "relay.replicator"
-
-
-class KvSettings(BaseModel):
-    """The replicated key-value store and its peers."""
-
-    peers: list[str] = []
-    """URLs of every replicator (this one's may be listed too); empty: this site alone."""
-    replica_timeout_s: float = Field(1.0, gt=0, le=30)
-    """How long a coordinator waits for a replica's answer (a quorum round's limit)."""
-    down_s: float = Field(1.0, gt=0, le=300)
-    """How long a peer that failed a call is treated as unreachable before it is tried again."""
-    max_skew_ms: int = Field(5000, ge=0)
-    """How far ahead of this site's clock a version may be; later ones are refused."""
-    max_value_bytes: int = Field(65536, ge=1, le=1 << 20)
-    """Largest value or set member accepted, decoded (TOO_LARGE beyond)."""
-    hint_max_bytes: int = Field(64 << 20, ge=0)
-    """Bytes of hints this site keeps for unreachable peers; more are refused."""
-    hint_max_age_s: float = Field(10800.0, gt=0)
-    """Hints older than this are dropped (anti-entropy repairs what they carried)."""
-    handoff_interval_s: float = Field(1.0, gt=0)
-    """How often held hints are offered back to their targets."""
-    sync_interval_s: float = Field(10.0, ge=0)
-    """Seconds between anti-entropy passes (0: none)."""
-    clock_offset_ms: int = 0
-    """Added to this site's wall clock (tests skew one site's clock with it; 0 in production)."""
-    gc_guard: bool = True
-    """Purge a tombstone only after a completed sync with every replica (tests switch it off
-    to show the deleted value coming back)."""
-
-
-class ReplicatorSettings(settings.ServiceSettings):
-    kafka: KafkaSettings = KafkaSettings()
-    data: settings.DataSettings = settings.DataSettings(dir=Path("./var/replicator"))
-    kv: KvSettings = KvSettings()
 
 
 def _wall_clock(offset_ms: int) -> Callable[[], int]:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from relay_replicator.app import ReplicatorSettings, build
+from relay_replicator.app import build
+from relay_replicator.settings import ReplicatorSettings
 from relay_runtime.serve import run_service
 
 
