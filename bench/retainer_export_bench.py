@@ -36,8 +36,9 @@ import report
 
 from relay_bus import schemas
 from relay_retainer.exports import RetainerExports
-from relay_retainer.retained import RetainedHost, RetainedServiceSettings
-from relay_retainer.streams import StreamHost, StreamSettings
+from relay_retainer.retained import RetainedHost
+from relay_retainer.settings import RetainedServiceSettings, StreamSettings
+from relay_retainer.streams import StreamHost
 from relay_runtime.readiness import Readiness
 from relay_streams.marks import Mark
 from relay_streams.model import Message

@@ -16,7 +16,7 @@ from relay_delivery.settings import DeliverySettings
 from relay_ingress.settings import IngressSettings
 from relay_queue_writer.settings import QueueWriterSettings
 from relay_replicator.settings import ReplicatorSettings
-from relay_retainer.app import RetainerSettings
+from relay_retainer.settings import RetainerSettings
 from relay_runtime.settings import ENV_PREFIX, NESTED_DELIMITER
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -46,8 +46,9 @@ from relay_queue_writer.stores import Stores
 from relay_queues import auth, ids
 from relay_retainer.ds import DsRequests
 from relay_retainer.exports import RetainerExports
-from relay_retainer.retained import RetainedHost, RetainedRequests, RetainedServiceSettings
-from relay_retainer.streams import StreamHost, StreamSettings
+from relay_retainer.retained import RetainedHost, RetainedRequests
+from relay_retainer.settings import RetainedServiceSettings, StreamSettings
+from relay_retainer.streams import StreamHost
 from relay_routes import client
 from relay_routes.subscriptions import Subscriptions
 from relay_routes.topic_subscriptions import TopicSubscriptions

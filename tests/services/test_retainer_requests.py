@@ -19,8 +19,9 @@ from relay_bus import routing, schemas, topics
 from relay_bus.consumers import Received
 from relay_durable.codec import b64u, unb64u
 from relay_retainer.ds import DsRequests
-from relay_retainer.retained import RetainedHost, RetainedRequests, RetainedServiceSettings
-from relay_retainer.streams import StreamHost, StreamSettings
+from relay_retainer.retained import RetainedHost, RetainedRequests
+from relay_retainer.settings import RetainedServiceSettings, StreamSettings
+from relay_retainer.streams import StreamHost
 from relay_runtime.readiness import Readiness
 from tests.helpers import RecordingBus
 

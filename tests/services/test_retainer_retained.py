@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from relay_bus import schemas
-from relay_retainer.retained import RetainedHost, RetainedServiceSettings
+from relay_retainer.retained import RetainedHost
 from relay_retainer.rounds import Expired
+from relay_retainer.settings import RetainedServiceSettings
 from relay_runtime.readiness import Readiness
 from relay_streams.errors import BadInput
 from relay_streams.marks import Mark

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from relay_retainer.rounds import Expired
-from relay_retainer.streams import StreamHost, StreamSettings
+from relay_retainer.settings import StreamSettings
+from relay_retainer.streams import StreamHost
 from relay_runtime.readiness import Readiness
 from relay_streams.errors import BadInput, NotFound
 from relay_streams.marks import Mark

@@ -25,7 +25,8 @@ from relay_ds import targets
 from relay_durable.codec import unb64u
 from relay_kv import placement
 from relay_retainer.ds_targets import TargetsUnavailable, TargetSync
-from relay_retainer.streams import StreamHost, StreamSettings
+from relay_retainer.settings import StreamSettings
+from relay_retainer.streams import StreamHost
 from relay_runtime.readiness import Readiness
 from relay_streams import catalog
 from relay_streams.store import StreamStore

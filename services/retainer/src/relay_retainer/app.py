@@ -2,20 +2,17 @@
 serves (those the newest generation of the pool's assignment gives it, fenced:
 `relay_bus.fencing`, decision 0019).
 
-Wiring only: settings, the bus and its consumers, the stores' lifecycles, probe routes.
-Request handling lives in `relay_retainer.ds` (durable streams) and `relay_retainer.retained`
-(retained messages), the stores in `relay_streams`.
+Wiring only: settings (`relay_retainer.settings`), the bus and its consumers, the stores'
+lifecycles, probe routes. Request handling lives in `relay_retainer.ds` (durable streams) and
+`relay_retainer.retained` (retained messages), the stores in `relay_streams`.
 """
 
 from __future__ import annotations
-
-from pathlib import Path
 
 from fastapi import FastAPI
 
 from relay_bus import ping, routing, schemas, topics
 from relay_bus.bus import Bus
-from relay_bus.config import KafkaSettings
 from relay_bus.consumers import Received
 from relay_bus.fencing import Ownership
 from relay_bus.lifecycle import BusLifecycle
@@ -25,21 +22,15 @@ from relay_retainer.ds import DsRequests
 from relay_retainer.ds_targets import TargetSync
 from relay_retainer.exports import RetainerExports
 from relay_retainer.replication import RetainedReplication
-from relay_retainer.retained import RetainedHost, RetainedRequests, RetainedServiceSettings
-from relay_retainer.streams import StreamHost, StreamSettings
-from relay_runtime import assignment, ownership, settings
+from relay_retainer.retained import RetainedHost, RetainedRequests
+from relay_retainer.settings import RetainerSettings
+from relay_retainer.streams import StreamHost
+from relay_runtime import assignment, ownership
 from relay_runtime.probes import probe_routes
 from relay_runtime.readiness import Readiness
 
 SERVICE = "retainer"
 GROUP = "relay.retainer"
-
-
-class RetainerSettings(settings.ServiceSettings):
-    kafka: KafkaSettings = KafkaSettings()
-    data: settings.DataSettings = settings.DataSettings(dir=Path("./var/retainer"))
-    streams: StreamSettings = StreamSettings()
-    retained: RetainedServiceSettings = RetainedServiceSettings()
 
 
 def _target_sync(

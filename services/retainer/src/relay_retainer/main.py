@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from relay_retainer.app import RetainerSettings, build
+from relay_retainer.app import build
+from relay_retainer.settings import RetainerSettings
 from relay_runtime.serve import run_service
 
 

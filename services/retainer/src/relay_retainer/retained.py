@@ -31,10 +31,9 @@ import asyncio
 import functools
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 import structlog
-from pydantic import BaseModel, Field
 
 from relay_bus import routing, schemas
 from relay_bus.bus import Bus
@@ -44,6 +43,7 @@ from relay_durable.outcome import Outcome
 from relay_retainer import answers
 from relay_retainer.replication import ReplicationFailed, RetainedReplication
 from relay_retainer.rounds import Rounds, Watch
+from relay_retainer.settings import RetainedServiceSettings
 from relay_runtime import exits
 from relay_runtime.readiness import Readiness
 from relay_streams.errors import BadInput, Closed, StreamsError
@@ -61,27 +61,6 @@ WRITES_REMEMBERED = 4096
 """Publishes and deletes whose outcome is kept, so that a copy of a record read again (consumer
 retry, an ingress that sent twice) is answered without being applied twice: applied again after
 a newer write to its topic, it would restore the older payload. Their outcomes are small."""
-
-
-class RetainedServiceSettings(BaseModel):
-    """The retainer's retained store (`RELAY_RETAINED__*`)."""
-
-    max_payload_bytes: int = Field(1 << 20, ge=1, le=1 << 20)
-    """Largest retained payload (MQTT's default in EMQX: 1 MiB)."""
-    max_retained: int = Field(0, ge=0)
-    """Most topics this retainer keeps (0: no limit); at the limit new topics are refused with
-    `QUOTA`, retained topics are still replaced."""
-    clear_interval_s: float = Field(10.0, ge=0)
-    """How often expired messages are deleted (0: never; they are never returned either way)."""
-    max_reply_bytes: int = Field(393_216, ge=1024, le=700_000)
-    """A `match` answer stops after the message that reaches this size (topics and payloads)."""
-    replication: Literal["off", "quorum"] = "off"
-    """`quorum`: each retained publish and delete is also written to a quorum of replicators
-    before it is answered, and an empty store is rebuilt from them at start."""
-    replicators: list[str] = []
-    """URLs of the replicators (JSON list); the first that answers coordinates the write."""
-    replication_timeout_s: float = Field(5.0, gt=0, le=60)
-    """How long one replicated write may take before the publish is answered 503."""
 
 
 def answer_of(message: Retained) -> schemas.RetainedMessage:

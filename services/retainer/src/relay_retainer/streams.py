@@ -30,31 +30,19 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import structlog
-from pydantic import BaseModel, Field
 
 from relay_ds.tokens import StreamIterator
 from relay_retainer.rounds import Pending, Rounds, Watch
+from relay_retainer.settings import StreamSettings
 from relay_runtime import exits
 from relay_runtime.readiness import Readiness
 from relay_streams.errors import BadInput, Closed, StreamsError
 from relay_streams.marks import Mark
 from relay_streams.model import Message, NextResult, RankedStream
-from relay_streams.settings import MAX_SHARDS, DbSettings
+from relay_streams.settings import DbSettings
 from relay_streams.store import StreamStore
 
 log = structlog.get_logger(__name__)
-
-
-class StreamSettings(BaseModel):
-    """The retainer's stream store (`RELAY_STREAMS__*`)."""
-
-    databases: list[str] = ["messages"]
-    """Databases opened (created if needed) at start; those already on disk open as well."""
-    shards: int = Field(4, ge=1, le=MAX_SHARDS)
-    """Shards of a database this retainer creates; fixed once the database exists."""
-    max_reply_bytes: int = Field(393_216, ge=1024, le=700_000)  # bytes of topics and payloads
-    """A `next` answer stops after the message that reaches this size, so that the reply
-    (base64 payloads, JSON) stays under Kafka's 1 MiB record limit."""
 
 
 StreamWrite = tuple[str, list[Message | tuple[str, bytes]], Mark]
