@@ -1,23 +1,22 @@
 """Admin endpoints (`Authorization: Bearer <RELAY_ADMIN_TOKEN>`).
 
 Invariant: without the configured token, every admin route answers 403 FORBIDDEN and does
-nothing; the token is compared in constant time.
+nothing; the token is compared in constant time (the guard: `relay_ingress.deps.Admin`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 from collections.abc import Callable
 from typing import Annotated, TypeVar
 
-from fastapi import APIRouter, Depends, Header, Query, Response
+from fastapi import APIRouter, Query, Response
 from pydantic import BaseModel
 
 from relay_bus import schemas, topics
 from relay_ingress import asking
 from relay_ingress.checks import BoundedJsonRoute
-from relay_ingress.context import Ctx
+from relay_ingress.deps import Admin, Ctx
 from relay_ingress.errors import ApiError, documented
 
 AnswerT = TypeVar("AnswerT", bound=schemas.AdminAnswer)
@@ -28,21 +27,6 @@ router = APIRouter(
     tags=["admin"],
     responses=documented(400, 403, 503),
 )
-
-
-def _require_admin(ctx: Ctx, authorization: Annotated[str | None, Header()] = None) -> None:
-    token = ctx.config.admin_token
-    scheme, _, presented = (authorization or "").partition(" ")
-    # The scheme is required (RFC 6750; its name is case-insensitive): a bare token is refused.
-    matches = hmac.compare_digest(
-        presented.encode("utf-8", "replace"),
-        (token.get_secret_value() if token is not None else "").encode(),
-    )
-    if token is None or scheme.lower() != "bearer" or not matches:
-        raise ApiError(403, "FORBIDDEN", "admin token missing or wrong")
-
-
-Admin = Annotated[None, Depends(_require_admin)]
 
 
 class HopReport(BaseModel):

@@ -1,13 +1,11 @@
-"""What request handlers reach through `request.app.state.context`, typed."""
+"""What request handlers reach through `request.app.state.context`, typed (`relay_ingress.deps.Ctx`
+hands it to them)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated
 
-from fastapi import Depends
 from redis.asyncio import Redis
-from starlette.requests import HTTPConnection
 
 from relay_bus.bus import Bus
 from relay_ingress.connections import Connections
@@ -22,14 +20,3 @@ class Context:
     inbox: Inbox
     redis: Redis
     connections: Connections
-
-
-async def _context(connection: HTTPConnection) -> Context:
-    """For HTTP and WebSocket routes alike. `async`: FastAPI runs a plain `def` dependency in
-    its thread pool, a thread hop on every request."""
-    context = connection.app.state.context
-    assert isinstance(context, Context)
-    return context
-
-
-Ctx = Annotated[Context, Depends(_context)]

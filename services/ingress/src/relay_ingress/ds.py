@@ -37,7 +37,8 @@ from relay_ingress.checks import (
     bad,
     parse_filter,
 )
-from relay_ingress.context import Context, Ctx
+from relay_ingress.context import Context
+from relay_ingress.deps import Ctx
 from relay_ingress.errors import ApiError, documented
 from relay_topics import rules as topic_rules
 

@@ -41,9 +41,9 @@ from relay_ds.info import Description, DsInfo, KvStorage, Site, Storage
 from relay_ds.view import View
 from relay_durable import codec
 from relay_ingress import asking, kv_storage
-from relay_ingress.admin import Admin
 from relay_ingress.checks import BoundedJsonRoute
-from relay_ingress.context import Context, Ctx
+from relay_ingress.context import Context
+from relay_ingress.deps import Admin, Ctx
 from relay_ingress.errors import ApiError, documented
 from relay_kv import placement
 

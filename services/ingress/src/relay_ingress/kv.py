@@ -16,9 +16,8 @@ from pydantic import Field
 
 from relay_bus import schemas
 from relay_ingress import asking
-from relay_ingress.admin import Admin
 from relay_ingress.checks import B64U_PATTERN, JSON_INTEGER, BoundedJsonRoute, StrictBody
-from relay_ingress.context import Ctx
+from relay_ingress.deps import Admin, Ctx
 from relay_ingress.errors import ApiError, documented
 from relay_kv import names, placement
 

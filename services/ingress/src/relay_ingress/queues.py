@@ -23,7 +23,8 @@ from pydantic import Field
 from relay_bus import schemas
 from relay_ingress import asking
 from relay_ingress.checks import B64U_PATTERN, JSON_INTEGER, BoundedJsonRoute, StrictBody
-from relay_ingress.context import Context, Ctx
+from relay_ingress.context import Context
+from relay_ingress.deps import Ctx
 from relay_ingress.errors import ApiError, documented
 from relay_queues import auth, idempotency, ids
 

@@ -28,7 +28,6 @@ from redis.exceptions import RedisError
 
 from relay_bus import routing, schemas
 from relay_ingress import asking
-from relay_ingress.admin import Admin
 from relay_ingress.checks import (
     B64U_PATTERN,
     JSON_INTEGER,
@@ -38,7 +37,8 @@ from relay_ingress.checks import (
     parse_filter,
     parse_topic,
 )
-from relay_ingress.context import Context, Ctx
+from relay_ingress.context import Context
+from relay_ingress.deps import Admin, Ctx
 from relay_ingress.errors import ApiError, documented
 from relay_queues import ids
 from relay_routes import limits

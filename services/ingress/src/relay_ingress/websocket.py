@@ -42,7 +42,8 @@ from relay_bus.bus import BusUnavailableError
 from relay_ingress import asking, retained
 from relay_ingress.checks import JsonInt, JsonLimits, StrictBody, parse_filter, parse_json
 from relay_ingress.connections import Connection, Connections
-from relay_ingress.context import Context, Ctx
+from relay_ingress.context import Context
+from relay_ingress.deps import Ctx
 from relay_ingress.errors import ApiError
 from relay_queues import auth, ids
 from relay_routes import guards
