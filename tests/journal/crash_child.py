@@ -1,6 +1,7 @@
 """Child process for the crash tests: writes and acks on several queues concurrently until
 killed, printing `opening` before it opens the journal (replay and checkpoint), `ready` once it
-is open, `w q n` before and `W q n` after each durable write, `a q n` / `A q n` for acks.
+is open, `w q n` before and `W q n` after each durable write, `a q n` / `A q n` for acks,
+and `table 1` / `table 0` when the checkpoint thread starts or stops writing a tail table.
 
     python -m tests.journal.crash_child ROOT SEED [HANDLES]
 
@@ -46,9 +47,10 @@ async def main(root: Path, seed: int, handles: int) -> None:
     journal = AsyncJournal(settings(root, handles))
     await journal.start()
     counter = 0
+    writing_table = False
 
     async def worker(queue: str) -> None:
-        nonlocal counter
+        nonlocal counter, writing_table
         while True:
             head = journal.peek(queue)
             if head is not None and (rng.random() < 0.45 or journal.info(queue).size >= 35):
@@ -63,6 +65,9 @@ async def main(root: Path, seed: int, handles: int) -> None:
                 out.write(f"w {queue} {n}\n")
                 await journal.write(queue, mid, b"b" * rng.randint(0, 300), ts_ms=1)
                 out.write(f"W {queue} {n}\n")
+            if journal.journal.checkpointing != writing_table:
+                writing_table = not writing_table
+                out.write(f"table {int(writing_table)}\n")
             out.flush()
             if rng.random() < 0.02:
                 journal.journal.close_idle(0)

@@ -58,7 +58,7 @@ def test_segments_go_over_spares_and_reopen_with_exactly_what_was_written(root: 
     spares = journal.wal.spares
     assert spares is not None
     n = 0
-    while n < 3000 or not recycled:
+    while n < 3000 or not recycled or not spares.ready or journal.checkpointing:
         n += 1
         queue = rng.choice(queues)
         if model[queue] and (rng.random() < 0.45 or len(model[queue]) > 40):
@@ -72,8 +72,8 @@ def test_segments_go_over_spares_and_reopen_with_exactly_what_was_written(root: 
             model[queue].append(body)
         prepared += journal.wal.file.prepared
         recycled += _recycled(root / "wal" / prealloc.READY)
-        if spares.preparing:
-            time.sleep(0.001)  # let the background thread finish before the next segment
+        if spares.preparing or journal.checkpointing:
+            time.sleep(0.001)  # let the background threads finish before the next segment
         assert n < 20_000, "segments never went over a recycled spare"
     assert prepared > 0
     journal.wal.close()  # killed: no closing checkpoint
@@ -111,7 +111,7 @@ def test_a_recycled_segment_never_brings_back_a_deleted_queue(root: Path) -> Non
     def write(queue: str) -> None:
         written[queue] += 1
         journal.write(queue, mid(sum(written.values())), b"b" * 100, ts_ms=1)
-        while spares.preparing:
+        while spares.preparing or journal.checkpointing:
             time.sleep(0.001)
         if journal.wal.path.name not in segments:
             segments.append(journal.wal.path.name)

@@ -5,12 +5,15 @@ buffered appends a table carries is kept; `stats` reads a carried queue from the
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from relay_journal import tail
 from relay_journal.journal import QueueJournal
 from relay_journal.queue import read_state_file
 from relay_journal.settings import JournalSettings
+from relay_journal.wal import list_segments
 from tests.journal.conftest import drain, logged_warnings, mid, qid, small
 
 
@@ -129,3 +132,44 @@ def test_a_damaged_table_record_is_reported_and_left_out(root: Path) -> None:
         reopened = QueueJournal(_settings(root))
     assert any("tail_table_damaged" in line for line in found), found
     reopened.close()
+
+
+def test_a_full_segments_table_is_written_on_a_thread_and_a_failed_one_keeps_the_log(
+    root: Path,
+) -> None:
+    """A full segment begins a checkpoint whose table is written on the checkpoint thread; the
+    segments before it are deleted only once the table is in force, with a later change. A
+    table that cannot be written (its temporary name taken by a folder: EISDIR) is logged,
+    the older segments are kept, and a crash then loses nothing; once it can be written, the
+    checkpoints retire them all (a checkpoint at open or close raises such an error)."""
+    settings = small(
+        root, wal_segment_bytes=4096, max_queue_messages=10**6 - 1, max_file_messages=10**6
+    )
+    journal = QueueJournal(settings)
+    queue = qid()
+    blocker = root / (tail.TAIL_FILE + ".next")
+    blocker.mkdir()
+    written = 0
+
+    def write_until(done: Callable[[], bool]) -> None:
+        nonlocal written
+        while not done():
+            written += 1
+            journal.write(queue, mid(written), b"x" * 100, ts_ms=1)
+            while journal.checkpointing:
+                time.sleep(0.001)
+            assert written < 2000, "never happened"
+
+    with logged_warnings() as warnings:
+        write_until(lambda: len(list_segments(root)) >= 4)
+    assert "checkpoint_failed" in warnings  # each full segment tried, none retired
+    _crash(journal)
+    blocker.rmdir()  # else the opening checkpoint fails too (and the open with it)
+    reopened = QueueJournal(settings)
+    assert reopened.size(queue) == written  # every segment replayed
+    journal, written_before = reopened, written
+    write_until(lambda: written > written_before + 200 and len(list_segments(root)) == 1)
+    _crash(journal)
+    again = QueueJournal(settings)
+    assert drain(again, queue) == [b"x" * 100] * written
+    again.close()

@@ -44,6 +44,7 @@ _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
 _MAGIC = b"RTT1"
 _START = len(_MAGIC) + _U32.size
+_IOV_MAX = 1024
 log = structlog.get_logger(__name__)
 
 
@@ -127,16 +128,29 @@ def load(root: Path) -> dict[str, bytes]:
 
 
 def write_pending(root: Path, entries: list[bytes]) -> Path:
-    """Write the next table under its temporary name (made durable by the caller's flush)."""
+    """Write the next table under its temporary name (made durable by the caller's flush).
+    Gathered writes (`os.writev`), not one joined copy: the table carries up to
+    `tail_unwritten_bytes` of buffered appends, and runs on the checkpoint thread."""
     path = root / (TAIL_FILE + ".next")
-    data = memoryview(b"".join([_MAGIC, _U32.pack(len(entries)), *entries]))
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        while data:
-            data = data[os.write(fd, data) :]
+        _write_all(fd, [_MAGIC, _U32.pack(len(entries)), *entries])
     finally:
         os.close(fd)
     return path
+
+
+def _write_all(fd: int, parts: list[bytes]) -> None:
+    at = 0
+    while at < len(parts):
+        batch = parts[at : at + _IOV_MAX]
+        written = os.writev(fd, batch)
+        at += len(batch)
+        wanted = sum(map(len, batch))
+        if written < wanted:  # a short write: the rest of this batch, plainly
+            rest = memoryview(b"".join(batch))[written:]
+            while rest:
+                rest = rest[os.write(fd, rest) :]
 
 
 def install(pending: Path) -> None:
