@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from relay_journal import records
 from relay_journal.journal import QueueJournal
@@ -40,11 +41,16 @@ def test_marks_survive_checkpoints_and_reopen(tmp_path: Path) -> None:
     journal.close()
     again = QueueJournal(small(tmp_path))
     assert again.marks == {"p0": "e:198", "p1": "e:199", "p2": "e:197"}
-    again.mark("p0", "f:0")  # a new value replaces the old; others stay
-    del again  # abandoned, not closed: under `always` the mark is durable
+    again.mark("p1", "f:1")  # no change follows it: not trusted after a crash
+    again.mark("p0", "f:0", alone=True)  # a position with no change to follow: trusted alone
+    del again  # abandoned, not closed: under `always` both are durable
     third = QueueJournal(small(tmp_path))
-    assert third.marks == {"p0": "f:0", "p1": "e:199", "p2": "e:197"}
-    third.close()
+    assert third.marks == {"p0": "f:0", "p1": "f:1", "p2": "e:197"}  # the alone one carries p1
+    third.mark("p2", "g:2")
+    del third
+    fourth = QueueJournal(small(tmp_path))
+    assert fourth.marks == {"p0": "f:0", "p1": "f:1", "p2": "e:197"}  # the log ended on g:2
+    fourth.close()
 
 
 def test_bad_mark_keys_are_refused(tmp_path: Path) -> None:
@@ -102,3 +108,28 @@ def test_a_mark_reaches_the_log_only_with_the_change_it_covers(tmp_path: Path) -
     journal.wal.flush()
     assert b"e:99" in on_disk()
     journal.close()
+
+
+def test_a_mark_whose_change_was_torn_off_is_not_trusted(tmp_path: Path) -> None:
+    """A SIGKILL during a write of several pages keeps a prefix cut at a page boundary (Linux
+    stops copying at a fatal signal): a MARK on disk with its change torn off. A mark the log
+    ends on is not trusted, so the caller resumes before it and writes the change again (the
+    marks crash test lost message 52,043 this way: mark 52,043 kept, its write torn)."""
+    settings = small(tmp_path, fsync=FsyncPolicy.NEVER, max_queue_messages=10, max_file_messages=11)
+    journal = QueueJournal(settings)
+    queue = qid()
+    for n in (1, 2):
+        journal.mark("p0", str(n))
+        journal.write(queue, mid(n), b"x" * 100, ts_ms=n)
+    journal.sync()
+    journal.wal.close()  # killed: the log ends with write 2
+    segment = list_segments(tmp_path)[-1]
+    end = len(segment.read_bytes().rstrip(b"\0"))
+    with segment.open("r+b") as file:
+        file.truncate(end - 10)  # write 2's record torn: MARK 2 is the last whole record
+    with capture_logs() as logs:
+        reopened = QueueJournal(settings)
+    assert reopened.marks["p0"] == "1"
+    assert [m.msg_id for m in reopened.messages(queue)] == [mid(1)]
+    assert "trailing_marks_dropped" in [entry["event"] for entry in logs]
+    reopened.close()

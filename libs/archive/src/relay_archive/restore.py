@@ -128,7 +128,7 @@ def restore_queue_writer(
                 if _owned(p, ordinal, replicas)
             }
             for partition, offset in sorted(marks.items()):
-                journal.mark(f"p{partition}", f"{cut.epoch}:{offset}")
+                journal.mark(f"p{partition}", f"{cut.epoch}:{offset}", alone=True)
             journal.sync()
             store.dump()
             store.wait_dump()

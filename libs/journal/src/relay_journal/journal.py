@@ -19,8 +19,9 @@ Invariants:
   table in force (on the checkpoint thread when a full segment began it, while changes go on
   into the new segment), and only after that logs its record and deletes the old segments;
 - marks (`mark`) are logged in order with the changes and carried by every checkpoint: after a
-  crash, `marks` holds each key's last value whose record is durable, so a caller that marks
-  what it is about to apply before applying it never applies it twice;
+  crash, `marks` holds each key's last value whose record is durable with a record after it
+  (a SIGKILL can cut a write between a MARK and its change), so a caller that marks what it is
+  about to apply before applying it never applies it twice, nor skips it;
 - a write given a send key logs the key in the message's own record, and `sent` answers it
   with the first message's id and timestamp for `send_key_window_s`, across restarts
   (`relay_journal.keys`).
@@ -425,21 +426,26 @@ class QueueJournal:
         queue.remove()
         return lsn
 
-    def mark(self, key: str, value: str) -> int:
+    def mark(self, key: str, value: str, *, alone: bool = False) -> int:
         """Log `value` for `key` (a caller's position in its source of commands) in order with
         the changes; returns its lsn. Log it before applying what it covers: the change cannot
         then be durable without it.
 
-        Nor does the mark reach the log file ahead of that change, unless the fsync policy
-        syncs it on its own (`always` in a synchronous journal): it stays buffered when state
-        lines flush the log (`Wal.flush`), and a full segment's checkpoint waits for the
-        change. A checkpoint here made the mark durable alone, and a caller killed before the
-        change resumed after it, skipping the change (tests/journal/test_marks.py)."""
+        The MARK stays buffered until the change after it is logged (`Wal.flush` keeps it;
+        a full segment's checkpoint waits for the change), and both reach the file in one
+        write. A SIGKILL can still cut that write at a page boundary between them, so the
+        replay trusts a MARK only once a record follows it: a mark the log ends on is
+        dropped and the caller resumes before it. `alone`: a position with no change after
+        it (an installed partition's, a restore's) is logged at once as a record of every
+        mark, trusted by itself."""
         if not key or len(key.encode()) > 255:
             raise ValueError("mark keys are 1 to 255 bytes")
         lsn = self.wal.next_lsn()
-        self.wal.append(LogRecord(Op.MARK, lsn, key, marks={key: value}), hold=True)
         self.marks[key] = value
+        if alone:
+            self.wal.append(LogRecord(Op.CHECKPOINT, lsn, "", marks=dict(self.marks)))
+        else:
+            self.wal.append(LogRecord(Op.MARK, lsn, key, marks={key: value}), hold=True)
         self._sync_by_policy(lsn)
         return lsn
 
@@ -620,19 +626,25 @@ class QueueJournal:
             return
         last_drop: dict[str, int] = {}
         count = 0
+        unconfirmed: dict[str, str] = {}
+        """MARKs read with no record after them yet: trusted once one follows (`mark`)."""
         for record, _, _ in read_segments(segments):
             count += 1
+            if record.op is Op.MARK and record.marks is not None:
+                unconfirmed.update(record.marks)
+                continue
+            self.marks.update(unconfirmed)
+            unconfirmed = {}
             if record.op is Op.DROP:
                 last_drop[record.queue] = record.lsn
             elif record.op is Op.WRITE_KEYED and record.message is not None:
                 self.sent_keys.add(
                     record.key, keys.Sent(record.message.msg_id, record.message.ts_ms)
                 )
-            elif record.marks is not None:  # MARK, or a CHECKPOINT carrying every mark
-                if record.op is Op.CHECKPOINT:
-                    self.marks = dict(record.marks)
-                else:
-                    self.marks.update(record.marks)
+            elif record.op is Op.CHECKPOINT and record.marks is not None:
+                self.marks = dict(record.marks)  # every mark
+        if unconfirmed:
+            log.info("trailing_marks_dropped", keys=sorted(unconfirmed))
         self._replaying = True
         acked_gone: dict[str, int] = {}
         try:

@@ -155,7 +155,7 @@ def install(journal: QueueJournal, store: StoreLog, state: PartitionState) -> tu
             journal.write(queue_id, m.msg_id, m.body, ts_ms=m.ts_ms, expires_ms=m.expires_ms)
         if queue.suspended:
             journal.suspend(queue_id)
-    journal.mark(mark_key(state.partition), state.mark)
+    journal.mark(mark_key(state.partition), state.mark, alone=True)
     return journal.wal.written_lsn, seq
 
 
