@@ -177,11 +177,12 @@ class QueueJournal:
             min(PREPARE_STEP_BYTES, settings.wal_segment_bytes // 2) if settings.wal_spares else 0
         )
         self._segment_limit = settings.wal_segment_bytes
+        """Segment size at which a change has segment work to do (`_after_log`): every
+        `_prepare_step` bytes `Wal.prepare_next`, at `wal_segment_bytes` a checkpoint."""
         self._in_flight: _InFlight | None = None
         """The checkpoint whose table is being written (see `_begin_checkpoint`)."""
         self._checkpoints: ThreadPoolExecutor | None = None
-        """Segment size at which a change has segment work to do (`_after_log`): every
-        `_prepare_step` bytes `Wal.prepare_next`, at `wal_segment_bytes` a checkpoint."""
+        """The checkpoint thread, started by the first full segment."""
         self._emptied_in_replay: set[str] = set()
         self._missing_in_replay: dict[str, tuple[str, int]] = {}
         """Queue → (file, unread messages) of write files found missing during the replay."""
@@ -560,7 +561,7 @@ class QueueJournal:
         self._end_checkpoint(wait=True)
 
     def _begin_checkpoint(self, *, last: bool, background: bool) -> None:
-        """Write the tail table's records (every queue whose queue.log is behind, with its
+        """Gather the tail table's records (every queue whose queue.log is behind, with its
         buffered appends up to `tail_unwritten_bytes` in all; the rest are written to their
         files) and the send keys, then start a new WAL segment: the table covers every change
         of the older segments. Its write, the filesystem flush and its install run on the
