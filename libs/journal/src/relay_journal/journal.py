@@ -224,6 +224,7 @@ class QueueJournal:
                 _report_missing(queue_id, *queue.missing)
         self._open[queue_id] = queue
         queue.handles = self.handles  # loading opened none: from here on they are counted
+        queue.flush_log = self.wal.flush
         self._evict()
         return queue
 

@@ -15,6 +15,10 @@ Invariants:
   (`relay_journal.handles`), which may close it between operations (`release_files`) and the
   next use opens it again; `apply()` is deterministic, so replaying a log record reproduces
   exactly what the live write did;
+- a message file is created or removed only after the log records that name or empty it are
+  handed to the OS (`flush_log`, the journal's `wal.flush`): a crash never leaves a head that
+  points into a removed file, nor a file no record refers to (a queue holds at most two:
+  the quota is below a file's worth);
 - live appends to the write file are coalesced (one pwrite for up to `UNWRITTEN_LIMIT` bytes of
   records): the log already holds them, and they reach the file before anything reads the file,
   rotates or closes it, or writes a state line that counts them (a tail table entry carries
@@ -29,6 +33,7 @@ import os
 import secrets
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import structlog
@@ -46,6 +51,10 @@ UNWRITTEN_LIMIT = 64 * 1024  # bytes of appended records held before one pwrite 
 
 _new_tuple = tuple.__new__  # a NamedTuple without its Python-level __new__ (the write path)
 _UNBOUNDED = Handles(1 << 62)
+
+
+def _nothing() -> None:
+    pass
 
 
 def new_file_id() -> str:
@@ -86,6 +95,9 @@ class OpenQueue:
         appends may be buffered without a handle."""
         self.handles: Handles = _UNBOUNDED
         """The pool counting this queue's handles (the journal's, set once loaded)."""
+        self.flush_log: Callable[[], None] = _nothing
+        """Hands the log's buffered records to the OS; runs before a message file is created or
+        removed (the journal's `wal.flush`, set once loaded)."""
         self._unwritten: list[bytes] = []
         """Records appended by `append` and not yet in the write file, from `_unwritten_at`."""
         self._unwritten_at = 0
@@ -323,8 +335,14 @@ class OpenQueue:
         self.head = None
         if self._read_fd >= 0:
             self._close_read()
-        message_file(self.folder, old).unlink(missing_ok=True)
+        self._remove_file(old)
         log.debug("read_file_switched", queue=self.id, why=why)
+
+    def _remove_file(self, file_id: str) -> None:
+        """Remove a message file whose messages are all acknowledged: the acks first reach the
+        OS, or a crash could keep a log that still points into the file."""
+        self.flush_log()
+        message_file(self.folder, file_id).unlink(missing_ok=True)
 
     def _drop_unreadable(self, error: str) -> None:
         """A record at the read position cannot be read: lose the rest of that file (and say so)
@@ -403,11 +421,14 @@ class OpenQueue:
                 self._close_write()
             self._write_ready = False
             write = Pos(file_id, 0, 0)
-            # A replay may meet a torn file of that name: start it again.
+            # The log names the new file before it exists: a crash never leaves a file that no
+            # state or record refers to. A replay may meet a torn file of that name: start it
+            # again.
+            self.flush_log()
             message_file(self.folder, file_id).unlink(missing_ok=True)
             if state.size == 0:
                 # Nothing left to read in the old file: read from the new one.
-                message_file(self.folder, state.read.file).unlink(missing_ok=True)
+                self._remove_file(state.read.file)
                 state.read = write
                 self.head = None
             state.write = write
