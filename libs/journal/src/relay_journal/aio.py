@@ -4,17 +4,28 @@ Invariants:
 - with `FsyncPolicy.ALWAYS`, each mutating call returns only after the WAL is durable up to its
   record (`relay_durable.group_commit`: one fdatasync per round, shared by every waiter);
 - with `BATCH`, a background task fsyncs every `batch_interval_ms` and calls return at once;
-- the journal itself is only touched from the event loop thread.
+- the journal itself is only touched from the event loop thread;
+- it opens lazily (`QueueJournal(lazy=True)`): ready once the log is read, whatever the number
+  of queues the replay touches; a background task applies the rest `CATCH_UP_STEP` queues at a
+  time, and a queue used before its turn applies its own records first.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
+
+import structlog
 
 from relay_durable.group_commit import GroupCommit
 from relay_journal.journal import QueueInfo, QueueJournal
 from relay_journal.records import Message
 from relay_journal.settings import FsyncPolicy, JournalSettings
+
+log = structlog.get_logger(__name__)
+CATCH_UP_STEP = 32
+"""Queues the background catch-up applies between two yields to the event loop (a few ms)."""
 
 
 async def _at_once(_lsn: int) -> None:
@@ -23,17 +34,46 @@ async def _at_once(_lsn: int) -> None:
 
 class AsyncJournal:
     def __init__(self, settings: JournalSettings) -> None:
-        self.journal = QueueJournal(settings)
+        self.journal = QueueJournal(settings, lazy=True)
         self.journal.auto_sync = False
         self.settings = settings
         self.commit = GroupCommit(self.journal.wal.file, kernel_sync=settings.fsync_backends)
         self._wait: Callable[[int], Awaitable[None]] = (
             self.commit.durable if settings.fsync is FsyncPolicy.ALWAYS else _at_once
         )
+        self._catching_up: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         if self.settings.fsync is FsyncPolicy.BATCH:
             self.commit.start_batching(self.settings.batch_interval_ms / 1000)
+        if self.journal.pending_queues:
+            self._catching_up = asyncio.create_task(self._catch_up(), name="journal-catch-up")
+
+    async def _catch_up(self) -> None:
+        """Apply the replay's records to the queues not used yet, a step at a time; then the
+        opening checkpoint begins (its table written on the checkpoint thread). A record that
+        cannot apply is logged and stops it: that queue's uses and the next checkpoint raise."""
+        queues = self.journal.pending_queues
+        started = asyncio.get_running_loop().time()
+        try:
+            while True:
+                if not self.journal.catch_up(CATCH_UP_STEP, background=True):
+                    break
+                await asyncio.sleep(0)
+            table = self.journal.checkpoint_table
+            if table is not None:
+                await asyncio.wait([asyncio.wrap_future(table)])
+            self.journal.end_checkpoint()  # the replayed segments go now, not a segment later
+        except Exception as error:
+            log.error("journal_catch_up_failed", error=str(error))
+            return
+        elapsed = asyncio.get_running_loop().time() - started
+        log.info("journal_caught_up", queues=queues, seconds=round(elapsed, 3))
+
+    async def caught_up(self) -> None:
+        """Wait for the background catch-up (for tests and benchmarks)."""
+        if self._catching_up is not None:
+            await asyncio.shield(self._catching_up)
 
     def durable(self, lsn: int) -> Awaitable[None]:
         """Wait until the log is durable up to `lsn` (under `ALWAYS`). For callers that apply a
@@ -94,5 +134,9 @@ class AsyncJournal:
         return self.journal.info(queue_id)
 
     async def close(self) -> None:
+        if self._catching_up is not None:
+            self._catching_up.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._catching_up
         await self.commit.close()
         self.journal.close()

@@ -3,10 +3,13 @@
 Invariants:
 - every change is logged (`os.write` to the WAL) before the queue's files change, and with the
   `always` policy a change is acknowledged only after the WAL is fdatasync'ed up to it;
-- opening replays only the WAL since the last checkpoint (it never scans the queue folders), so
-  open time does not grow with the number of queues; a queue the replay empties and closes is
-  dropped only after the last record (a DROP logged mid-replay would sort after the records
-  still to come, and a kill before the opening checkpoint would let it erase them);
+- opening reads only the WAL since the last checkpoint (it never scans the queue folders) and
+  applies nothing yet: a queue's records are applied all at once when it is first used, the
+  rest by `catch_up` (at once unless opened `lazy`; a lazy open is ready after one read of the
+  log, however many queues it touches, issue 18). So a queue the replay empties is dropped
+  only after its last record (a DROP sorts after every record of the older generation), and
+  the opening checkpoint, which retires the old segments, waits for the last queue (every
+  checkpoint first applies what is left);
 - only open queues cost memory, and only queues touching their files hold handles; beyond
   `max_open_queues` the least recently used queues are closed (a closed empty active queue
   leaves no files), and beyond the handles the process may hold (its RLIMIT_NOFILE less
@@ -58,7 +61,7 @@ from relay_journal.records import (
     encode_write,
 )
 from relay_journal.settings import FsyncPolicy, JournalSettings
-from relay_journal.wal import Wal, list_segments, next_generation, read_segments
+from relay_journal.wal import MappedSegments, Wal, list_segments, next_generation
 
 log = structlog.get_logger(__name__)
 _monotonic = time.monotonic
@@ -154,7 +157,9 @@ class QueueInfo:
 
 
 class QueueJournal:
-    def __init__(self, settings: JournalSettings) -> None:
+    def __init__(self, settings: JournalSettings, *, lazy: bool = False) -> None:
+        """`lazy`: leave the replay's records to each queue's first use and to `catch_up`
+        calls (the caller's, in steps: `AsyncJournal` runs them in the background)."""
         self.settings = settings
         self.root = settings.root
         self.layout = layout.load_layout(self.root, settings.path_fragments)
@@ -169,7 +174,6 @@ class QueueJournal:
         self.marks: dict[str, str] = {}
         """Key → value of the last `mark` (e.g. a Kafka partition → the next offset to apply)."""
         self._batch_due = 0.0
-        self._replaying = False
         # The write path reads these on every call: plain attributes, not settings lookups.
         self._max_queue_messages = settings.max_queue_messages
         self._max_file_messages = settings.max_file_messages
@@ -183,9 +187,10 @@ class QueueJournal:
         """The checkpoint whose table is being written (see `_begin_checkpoint`)."""
         self._checkpoints: ThreadPoolExecutor | None = None
         """The checkpoint thread, started by the first full segment."""
-        self._emptied_in_replay: set[str] = set()
-        self._missing_in_replay: dict[str, tuple[str, int]] = {}
-        """Queue → (file, unread messages) of write files found missing during the replay."""
+        self._pending: dict[str, list[int]] = {}
+        """Queue → positions (in `_replayed`) of the replayed records it has yet to apply."""
+        self._replayed: MappedSegments | None = None
+        """The segments the replay read, mapped until the opening checkpoint retires them."""
         self.sent_keys = keys.SentKeys(self.root, settings.send_key_window_s * 1000)
         """Send key → the first message written with it, for the window."""
         self.sent_keys.load(_now_ms())
@@ -199,7 +204,8 @@ class QueueJournal:
             spare_bytes=settings.wal_segment_bytes if settings.wal_spares else 0,
         )
         self._replay(segments)
-        self.checkpoint()
+        if not lazy or not self._pending:
+            self.catch_up()
 
     # -- queues in memory ------------------------------------------------------------------
 
@@ -209,6 +215,14 @@ class QueueJournal:
             self._open.move_to_end(queue_id)
             queue.last_used = time.monotonic()
             return queue
+        pending = self._pending.pop(queue_id, None)
+        if pending is None:
+            return self._load(queue_id)
+        return self._apply_pending(self._load(queue_id, caught_up=False), pending)
+
+    def _load(self, queue_id: str, *, caught_up: bool = True) -> OpenQueue:
+        """Open a queue not in memory. Not `caught_up`: the replay's records follow
+        (`_apply_pending` reports a missing write file after them), and it evicts nothing."""
         layout.validate_queue_id(queue_id, self.layout.longest)
         carried = self._tail.pop(queue_id, None)
         queue = OpenQueue.load(
@@ -217,16 +231,84 @@ class QueueJournal:
             self.settings,
             None if carried is None else tail.entry(carried),
         )
-        if queue.missing is not None:
-            if self._replaying:  # the replay may acknowledge them: report what it does not
-                self._missing_in_replay[queue_id] = queue.missing
-            else:
-                _report_missing(queue_id, *queue.missing)
+        if queue.missing is not None and caught_up:
+            _report_missing(queue_id, *queue.missing)
         self._open[queue_id] = queue
         queue.handles = self.handles  # loading opened none: from here on they are counted
         queue.flush_log = self.wal.flush
+        if caught_up:
+            self._evict()
+        return queue
+
+    def _apply_pending(self, queue: OpenQueue, positions: list[int]) -> OpenQueue:
+        """Apply the replay's records to `queue` (just loaded), all at once, then report its
+        missing write file, if any, counting the ACKs they replayed for messages no longer in
+        it. A record that cannot apply leaves the queue out of memory with its records still
+        pending (every use raises `CorruptJournal` again)."""
+        replayed = self._replayed
+        assert replayed is not None
+        missing, gone = queue.missing, queue.acks_of_gone
+        for position in positions:
+            record = replayed.record_at(position)
+            if record.op is Op.DROP:  # only ever the first: the replay keeps none before it
+                del self._open[queue.id]
+                queue.remove()
+                queue, missing = self._load(queue.id, caught_up=False), None
+                continue
+            if queue.state.lsn >= record.lsn or queue.rebuilt:
+                continue
+            try:
+                queue.apply(record)
+            except (errors.CorruptJournal, OSError) as error:
+                del self._open[queue.id]
+                queue.close_files()
+                self._pending[queue.id] = positions
+                at = f"{replayed.path_of(position).name} at byte {position & ((1 << 40) - 1)}"
+                raise errors.CorruptJournal(f"{at}: {error}") from None
+        if missing is not None:
+            _report_missing(queue.id, *missing, acked_in_replay=queue.acks_of_gone - gone)
         self._evict()
         return queue
+
+    @property
+    def pending_queues(self) -> int:
+        """Queues the replay's records have not reached yet (see `catch_up`)."""
+        return len(self._pending)
+
+    def catch_up(self, queues: int | None = None, *, background: bool = False) -> int:
+        """Apply the replay's records to up to `queues` queues not used since open (all if
+        None), closing each again; when none is left, the opening checkpoint (its table written
+        on the checkpoint thread if `background`). Returns how many queues are left."""
+        if self._catch_up_queues(queues):
+            if background:
+                self._end_checkpoint(wait=True)
+                self._begin_checkpoint(last=False, background=True)
+            else:
+                self.checkpoint()
+        return len(self._pending)
+
+    def _catch_up_queues(self, queues: int | None) -> bool:
+        """`catch_up` without its checkpoint (which every checkpoint runs first); True once it
+        applied the last queue's records (the mapping is released)."""
+        if self._replayed is None:
+            return False
+        # A DROP logged by a close below begins no checkpoint: the table would miss the rest.
+        limit, self._segment_limit = self._segment_limit, 1 << 62
+        try:
+            done = 0
+            while self._pending and (queues is None or done < queues):
+                queue_id = next(iter(self._pending))
+                self._queue(queue_id)
+                if queue_id in self._open:
+                    self._close_queue(queue_id)
+                done += 1
+        finally:
+            self._segment_limit = limit
+        if self._pending:
+            return False
+        self._replayed.close()
+        self._replayed = None
+        return True
 
     def _evict(self) -> None:
         while len(self._open) > self.max_open_queues:
@@ -237,14 +319,6 @@ class QueueJournal:
         queue = self._open.pop(queue_id)
         self.wal.flush()
         if queue.on_disk and queue.state.size == 0 and not queue.state.suspended:
-            if self._replaying:
-                # A DROP logged now would sort after the records still to replay (its lsn is of
-                # the new generation), and a crash before the opening checkpoint would then
-                # drop what they write: keep the folder, drop it once the replay is done.
-                self._emptied_in_replay.add(queue_id)
-                queue.save_state(self.settings)
-                queue.close_files()
-                return
             self._log(queue, LogRecord(Op.DROP, self.wal.next_lsn(), queue_id))
             self.wal.flush()
             queue.remove()
@@ -325,8 +399,10 @@ class QueueJournal:
         none). Nothing is written: a queue's folder appears with its first message (or its
         suspension), and the queue records themselves are the store log's (issue 5)."""
         layout.validate_queue_id(queue_id, self.layout.longest)
-        known = queue_id in self._open or any(
-            layout.is_queue_folder(p) for p in self.layout.paths(self.root, queue_id)
+        known = (
+            queue_id in self._open
+            or queue_id in self._pending
+            or any(layout.is_queue_folder(p) for p in self.layout.paths(self.root, queue_id))
         )
         if known:
             state = self._queue(queue_id).state
@@ -496,6 +572,7 @@ class QueueJournal:
     def check(self) -> list[str]:
         """Integrity check of every queue on disk (opens each; repairs what loading repairs):
         every message readable, the count equal to the recorded size. Returns the problems."""
+        self.catch_up()
         problems: list[str] = []
         for fragments in {self.layout.current, self.layout.fragments_for_new}:
             for queue_id, _ in layout.iter_queue_dirs(self.root, fragments):
@@ -519,6 +596,7 @@ class QueueJournal:
         current: closing writes it; or its tail table entry, when newer), so this costs one
         small read per queue on disk and no memory; callers may yield to other work between
         items."""
+        self.catch_up()
         seen = set()
         for queue_id, queue in list(self._open.items()):
             seen.add(queue_id)
@@ -569,6 +647,7 @@ class QueueJournal:
         checkpoint thread if `background` (a full segment's: ~1 s of I/O at 100,000 queues
         the event loop no longer waits for, issue 18); the older segments are deleted only in
         `_end_checkpoint`, after that, so a crash before it replays them."""
+        self._catch_up_queues(None)
         self.wal.flush()
         budget = self.settings.tail_unwritten_bytes
         entries: list[bytes] = []
@@ -591,6 +670,16 @@ class QueueJournal:
         self._in_flight = _InFlight(
             self._checkpoints.submit(_install_table, self.root, entries), old
         )
+
+    @property
+    def checkpoint_table(self) -> Future[None] | None:
+        """The write of the tail table of the checkpoint in flight, if any."""
+        return None if self._in_flight is None else self._in_flight.table
+
+    def end_checkpoint(self) -> None:
+        """End the checkpoint in flight if its table is in force (otherwise a later change or
+        call ends it)."""
+        self._end_checkpoint()
 
     def _end_checkpoint(self, *, wait: bool = False) -> None:
         """Once the checkpoint in flight has its table in force (at once if `wait`): log the
@@ -623,72 +712,38 @@ class QueueJournal:
     # -- recovery --------------------------------------------------------------------------
 
     def _replay(self, segments: list[Path]) -> None:
-        """Re-apply every logged change the queue files may lack (see the module invariants)."""
-        if not segments:
-            return
-        last_drop: dict[str, int] = {}
+        """Read every logged change the queue files may lack and note, per queue, where its
+        records are (applied later: see the module invariants); marks and send keys are taken
+        here."""
+        self._replayed = replayed = MappedSegments(segments)
+        pending = self._pending
         count = 0
         unconfirmed: dict[str, str] = {}
         """MARKs read with no record after them yet: trusted once one follows (`mark`)."""
-        for record, _, _ in read_segments(segments):
+        for record, position in replayed.read():
             count += 1
             if record.op is Op.MARK and record.marks is not None:
                 unconfirmed.update(record.marks)
                 continue
             self.marks.update(unconfirmed)
             unconfirmed = {}
+            if record.op is Op.CHECKPOINT:
+                if record.marks is not None:
+                    self.marks = dict(record.marks)  # every mark
+                continue
             if record.op is Op.DROP:
-                last_drop[record.queue] = record.lsn
-            elif record.op is Op.WRITE_KEYED and record.message is not None:
+                pending[record.queue] = [position]  # what it logged before is gone with it
+                continue
+            if record.op is Op.WRITE_KEYED and record.message is not None:
                 self.sent_keys.add(
                     record.key, keys.Sent(record.message.msg_id, record.message.ts_ms)
                 )
-            elif record.op is Op.CHECKPOINT and record.marks is not None:
-                self.marks = dict(record.marks)  # every mark
+            positions = pending.get(record.queue)
+            if positions is None:
+                pending[record.queue] = [position]
+            else:
+                positions.append(position)
         if unconfirmed:
             log.info("trailing_marks_dropped", keys=sorted(unconfirmed))
-        self._replaying = True
-        acked_gone: dict[str, int] = {}
-        try:
-            applied = self._apply_segments(segments, last_drop, acked_gone)
-        finally:
-            self._replaying = False
-        # Queues a replay emptied and closed are dropped now, after every record.
-        for queue_id in sorted(self._emptied_in_replay):
-            if queue_id not in self._open:
-                self._queue(queue_id)
-        self._emptied_in_replay.clear()
-        for queue_id, (file, unread) in sorted(self._missing_in_replay.items()):
-            _report_missing(queue_id, file, unread, acked_in_replay=acked_gone.get(queue_id, 0))
-        self._missing_in_replay.clear()
-        # Queues opened for the replay are closed again: the store opens with none in memory.
-        self.close_idle(0)
-        log.info("journal_replayed", segments=len(segments), records=count, applied=applied)
-
-    def _apply_segments(
-        self, segments: list[Path], last_drop: dict[str, int], acked_gone: dict[str, int]
-    ) -> int:
-        """Apply the records the queues lack; `acked_gone` counts, per queue whose write file
-        was missing, the replayed ACKs of messages no longer in its files."""
-        applied = 0
-        for record, path, offset in read_segments(segments):
-            if record.op in (Op.CHECKPOINT, Op.MARK) or record.lsn < last_drop.get(
-                record.queue, -1
-            ):
-                continue
-            queue = self._queue(record.queue)
-            if record.op is Op.DROP:
-                del self._open[record.queue]
-                queue.remove()
-                continue
-            if queue.state.lsn >= record.lsn or queue.rebuilt:
-                continue
-            gone_before = queue.acks_of_gone
-            try:
-                queue.apply(record)
-            except (errors.CorruptJournal, OSError) as error:
-                raise errors.CorruptJournal(f"{path.name} at byte {offset}: {error}") from None
-            if queue.acks_of_gone != gone_before and record.queue in self._missing_in_replay:
-                acked_gone[record.queue] = acked_gone.get(record.queue, 0) + 1
-            applied += 1
-        return applied
+        if segments:
+            log.info("journal_replayed", segments=len(segments), records=count, queues=len(pending))

@@ -57,29 +57,69 @@ def list_segments(root: Path) -> list[Path]:
 
 
 def read_segments(paths: list[Path]) -> Iterator[tuple[records.LogRecord, Path, int]]:
-    """Every valid record in order. A segment's records end at its first torn or corrupt
-    record (the tail of the last segment may be torn by a crash; anything after it was never
-    acknowledged), at zeros where a record should start, or at a record no newer than the one
-    before it: the unwritten rest of a segment written over a prepared spare (zeros, or a
-    retired segment's older records). The files are mapped, not read: an unwritten rest costs
-    nothing."""
-    last = -1
-    for path in paths:
-        with path.open("rb") as file:
-            size = os.fstat(file.fileno()).st_size
-            if size == 0:
-                continue
-            with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-                last = yield from _read_mapped(path, mapped, size, last)
+    """Every valid record in order, with its segment and offset. A segment's records end at its
+    first torn or corrupt record (the tail of the last segment may be torn by a crash; anything
+    after it was never acknowledged), at zeros where a record should start, or at a record no
+    newer than the one before it: the unwritten rest of a segment written over a prepared spare
+    (zeros, or a retired segment's older records). The files are mapped, not read: an
+    unwritten rest costs nothing."""
+    segments = MappedSegments(paths)
+    found = segments.read()
+    try:
+        for record, position in found:
+            yield record, segments.path_of(position), position & _OFFSET_MASK
+    finally:
+        found.close()  # releases its view of the mapping before the mapping is closed
+        segments.close()
 
 
 _ZERO_FRAME = bytes(8)
+_OFFSET_BITS = 40
+_OFFSET_MASK = (1 << _OFFSET_BITS) - 1
+
+
+class MappedSegments:
+    """Segments mapped read-only, read once in order (`read`) and kept mapped until `close`
+    so that a record can be decoded again from its position (`record_at`): the journal's
+    replay reads every record at open and applies each queue's when the queue is first used
+    (issue 18). A position is the segment's index << 40 | the record's offset."""
+
+    def __init__(self, paths: list[Path]) -> None:
+        self.paths = paths
+        self._maps: list[mmap.mmap | None] = []
+
+    def read(self) -> Generator[tuple[records.LogRecord, int], None, None]:
+        """Every valid record in order (as `read_segments` says), with its position."""
+        last = -1
+        for index, path in enumerate(self.paths):
+            with path.open("rb") as file:
+                size = os.fstat(file.fileno()).st_size
+                mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) if size else None
+            self._maps.append(mapped)
+            if mapped is not None:
+                last = yield from _read_mapped(path, mapped, size, last, index << _OFFSET_BITS)
+
+    def path_of(self, position: int) -> Path:
+        return self.paths[position >> _OFFSET_BITS]
+
+    def record_at(self, position: int) -> records.LogRecord:
+        mapped = self._maps[position >> _OFFSET_BITS]
+        assert mapped is not None
+        with memoryview(mapped) as data:
+            return records.decode_log(data, position & _OFFSET_MASK)[0]
+
+    def close(self) -> None:
+        for mapped in self._maps:
+            if mapped is not None:
+                mapped.close()
+        self._maps = []
 
 
 def _read_mapped(
-    path: Path, mapped: mmap.mmap, size: int, last: int
-) -> Generator[tuple[records.LogRecord, Path, int], None, int]:
-    """The segment's records newer than `last`; returns the lsn of the last one read."""
+    path: Path, mapped: mmap.mmap, size: int, last: int, base: int
+) -> Generator[tuple[records.LogRecord, int], None, int]:
+    """The segment's records newer than `last`, with their positions (`base` | offset);
+    returns the lsn of the last one read."""
     with memoryview(mapped) as data:
         at = 0
         while at < size:
@@ -102,7 +142,7 @@ def _read_mapped(
                     "wal_segment_end", segment=path.name, offset=at, stale_lsn=record.lsn, last=last
                 )
                 break
-            yield record, path, at
+            yield record, base | at
             last = record.lsn
             at = end
     return last
