@@ -1,5 +1,5 @@
-"""Crash tests: a child writing and acking is SIGKILLed at random moments (50 kill points per
-case, 6 cases: 300 per run), about a quarter of them while it opens the journal (replay of the
+"""Crash tests: a child writing and acking is SIGKILLed at random moments (40 kill points per
+case, 6 cases: 240 per run), about a quarter of them while it opens the journal (replay of the
 previous kill's log, the opening checkpoint); after each kill the journal reopens with every
 acknowledged write present, in order, and nothing acknowledged as acked comes back."""
 
@@ -19,7 +19,7 @@ from relay_journal.journal import QueueJournal
 from tests.helpers import ROOT
 from tests.journal import crash_child
 
-KILLS_PER_CASE = 50
+KILLS_PER_CASE = 40
 
 
 class Child:

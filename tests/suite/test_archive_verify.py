@@ -134,7 +134,8 @@ def test_export_rebuild_verify_and_the_errors_it_finds(tmp_path: Path) -> None:
         "--rebuilt",
         str(out / "rebuilt"),
     ]
-    done = relayctl(*verify2, "--report", str(out / "damaged"))
+    # the plain engine (Spark finds the same, `tests/spark/test_jobs.py`; a JVM start saved)
+    done = relayctl(*verify2, "--report", str(out / "damaged"), "--engine", "python")
     assert done.returncode == 1, done.stdout + done.stderr[-3000:]
     damaged = json.loads((out / "damaged" / "report.json").read_text())
     assert damaged["counts"] == {"MISSING": 1, "EXTRA": 0, "MISMATCH": 1, "EXPLAINED": 0}
