@@ -373,3 +373,32 @@ def test_only_planned_moves_outside_the_current_plan_are_superseded() -> None:
         "toOrdinal": 3,
         "generation": 2,
     }
+
+
+def _finished(name: str, generation: int, phase: str, finished_s: float | None) -> dict[str, Any]:
+    status: dict[str, Any] = {"phase": phase}
+    if finished_s is not None:
+        status["finishedAt"] = times.iso(finished_s)
+    return {"metadata": {"name": name}, "spec": {"generation": generation}, "status": status}
+
+
+def test_finished_moves_are_deleted_after_their_retention_once_the_pool_counts_them() -> None:
+    now, day = 1_800_000_000.0, 86_400.0
+    existing = [
+        _finished("released-old", 2, "Released", now - 8 * day),
+        _finished("released-new", 3, "Released", now - day),
+        _finished("rolled-back-old", 4, "RolledBack", now - 8 * day),
+        _finished("failed-old", 5, "Failed", now - 8 * day),
+        _finished("rolling-back", 6, "RolledBack", None),  # its steps still running
+        _finished("ahead-of-the-pool", 9, "Released", now - 8 * day),
+    ]
+    # The pool counts up to generation 5: the rollback of 4 (its generation + 1) included.
+    assert pools.expired(existing, 5, now, 7 * day) == ["released-old", "rolled-back-old"]
+    # Not yet counted: a rolled-back move of generation 4 needs the pool at 5.
+    assert pools.expired(existing, 4, now, 7 * day) == ["released-old"]
+    assert pools.expired(existing, 9, now, 0) == [
+        "ahead-of-the-pool",
+        "released-new",
+        "released-old",
+        "rolled-back-old",
+    ]

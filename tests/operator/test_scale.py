@@ -261,6 +261,18 @@ def test_a_queue_writer_pool_scales_one_two_one_under_load_losing_nothing(
         assert held == {q: acknowledged[q] for q, _ in load.queues}, partition
     print(f"\n1->2 in {up_s:.1f} s, 2->1 in {down_s:.1f} s, {sent} sends; " + "; ".join(lines))
 
+    # An operator keeping finished moves for no time deletes the four, and the pool stays put.
+    op.kill()
+    op = operator(RELAY_OPERATOR_MOVE_RETENTION_S="0")
+    wait_for("the finished moves deleted", lambda: not moves_of(api), operator=op)
+    time.sleep(2.5)  # a few more ticks: nothing is planned again
+    assert not moves_of(api)
+    assert (pool_status(api)["assignment"], pool_status(api)["generation"]) == (
+        [0, 0, 0, 0],
+        status["generation"],
+    )
+    assert condition(pool_status(api), "ScaleBlocked")["status"] == "False"
+
 
 def _status_of(body: Any) -> dict[str, Any]:
     return dict(body.get("status") or {}) if isinstance(body, dict) else {}

@@ -16,7 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from relay_operator import conditions
+from relay_operator import conditions, times
+from relay_operator.moves import RELEASED, ROLLED_BACK
 
 SCALE_BLOCKED = "ScaleBlocked"
 READY = "Ready"
@@ -156,6 +157,26 @@ def superseded(existing: list[dict[str, Any]], pool: str, planned: dict[str, Any
         and (m.get("status") or {}).get("phase", "Planned") == "Planned"
         and planned.get(m["metadata"]["name"]) != m.get("spec")
     )
+
+
+def expired(
+    existing: list[dict[str, Any]], generation: int, now: float, keep_s: float
+) -> list[str]:
+    """Names of RelayPartitionMoves to delete: Released or RolledBack (their steps done) more
+    than `keep_s` before `now`, and already counted in the pool's status at `generation` (a
+    released move's generation, a rolled-back one's plus one; until then the pool's catch-up
+    still reads them). Failed moves are a person's to delete; running ones are never touched."""
+    old = []
+    for move in existing:
+        status = move.get("status") or {}
+        finished_at = times.parse(status.get("finishedAt"))
+        phase = status.get("phase")
+        if finished_at is None or phase not in (RELEASED, ROLLED_BACK):
+            continue
+        counted = int(move["spec"]["generation"]) + (phase == ROLLED_BACK) <= generation
+        if counted and now - finished_at > keep_s:
+            old.append(str(move["metadata"]["name"]))
+    return sorted(old)
 
 
 def restore_replicas(held: int | None, actual: int | None) -> int | None:

@@ -15,6 +15,9 @@ Invariants:
 - a Failed move stops the pool's scale (ScaleBlocked) until a person deletes it (then the
   pool plans again from its status); `MAX_ROLLBACKS` rolled-back moves for one target size
   stop it too;
+- Released and RolledBack moves are deleted `move_retention_s` after they finished, once the
+  pool's status counts them (its generation past theirs), never before: the catch-up above
+  reads them until then;
 - a plan is made only while no move of the pool runs, so a move's generation, assignment and
   `replicas` never change under it.
 """
@@ -121,6 +124,7 @@ class Scaler:
         if pool.status.get("replicas") is None:
             return  # not adopted yet (the pool's create/resume handler does it)
         await self._catch_up(pool)
+        await self._clean_up(pool)
         failed = [m for m in pool.moves if _phase(m) == moves.FAILED]
         if failed:
             names = ", ".join(m["metadata"]["name"] for m in failed)
@@ -196,6 +200,16 @@ class Scaler:
                 "plannedReplicas": planned,
             },
         )
+
+    async def _clean_up(self, pool: Pool) -> None:
+        """Delete the moves finished longer ago than `move_retention_s` that the pool's status
+        already counts (`pools.expired`), so a pool's moves do not grow with every scale."""
+        old = pools.expired(pool.moves, pool.generation, time.time(), self.config.move_retention_s)
+        for name in old:
+            await self.kube.delete(self._moves_path(name))
+        if old:
+            log.info("pool %s: %d finished move(s) deleted: %s", pool.name, len(old), old)
+            pool.moves = [m for m in pool.moves if m["metadata"]["name"] not in old]
 
     async def _plan(self, pool: Pool) -> None:
         """Plan the moves to `spec.replicas` when no move runs and the plan in place is for

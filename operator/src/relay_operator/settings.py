@@ -23,3 +23,6 @@ class OperatorSettings(BaseSettings):
     prefetch_timeout_s: float = 120.0
     """Timeout of a move's prefetch call (the target pulls and installs the whole partition;
     the calls within the pause are bounded by the move budget instead)."""
+    move_retention_s: float = 7 * 24 * 3600.0
+    """How long a Released or RolledBack RelayPartitionMove is kept (the pool's history, for
+    `kubectl get rmove`) before the operator deletes it; Failed ones stay until a person does."""
