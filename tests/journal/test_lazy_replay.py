@@ -96,3 +96,27 @@ def test_the_async_journal_catches_up_in_the_background(tmp_path: Path) -> None:
         await journal.close()
 
     asyncio.run(run())
+
+
+def test_closing_before_the_catch_up_ends_leaves_the_rest_to_the_next_open(
+    tmp_path: Path,
+) -> None:
+    settings, expected = crashed_journal(tmp_path)
+    before = list_segments(tmp_path)
+    journal = QueueJournal(settings, lazy=True)
+    journal.write(QUEUES[3], mid(400), b"z", ts_ms=400)
+    expected[QUEUES[3]].append(mid(400))
+    journal.catch_up(2)
+    left = journal.pending_queues
+    journal.close()  # no catch-up of the rest, no checkpoint
+    assert set(before) <= set(list_segments(tmp_path))
+    again = QueueJournal(settings, lazy=True)
+    assert again.pending_queues >= left  # replayed again
+    for queue in QUEUES:
+        assert stored(again, queue) == expected[queue], queue
+    again.close()  # every queue caught up by those reads: this one checkpoints
+    assert not set(list_segments(tmp_path)) & set(before)
+    final = QueueJournal(settings)
+    assert final.pending_queues == 0
+    assert all(stored(final, queue) == expected[queue] for queue in QUEUES)
+    final.close()

@@ -702,9 +702,19 @@ class QueueJournal:
         fsync_dir(self.wal.folder)
 
     def close(self) -> None:
+        """Close every queue and checkpoint. Queues a lazy open's replay has not reached are
+        left as they are, with the segments that hold their records: the next open replays
+        those again (as after a crash, with everything here durable), so a shutdown soon after
+        a crash does not wait for the whole catch-up."""
         for queue_id in list(self._open):
             self._close_queue(queue_id)
-        self.checkpoint(last=True)
+        if not self._pending:
+            self.checkpoint(last=True)
+        else:
+            assert self._replayed is not None
+            self.sync()
+            self._replayed.close()
+            self._replayed = None
         if self._checkpoints is not None:
             self._checkpoints.shutdown()
         self.wal.close()
