@@ -102,3 +102,29 @@ def test_a_used_data_dir_or_a_bad_ordinal_is_refused(
         restore.restore_retainer(folder, tmp_path / "new", 0, 1, stream_shards=0)
     assert not (tmp_path / "new").exists()
     assert not (streams / "retained").exists()
+
+
+def test_a_rebuild_of_everything_archived_leaves_each_retainer_its_resume_points(
+    rebuilt: tuple[Path, tables.Cut], tmp_path: Path
+) -> None:
+    """A cut with `resume` (no export): each restored retainer gets `resume.json` with the
+    first offset not archived of each partition it owns (0 where nothing was); without it
+    (a cut from an export), none. A damaged file is an error naming it, and `resumed` removes
+    it."""
+    folder, cut = rebuilt
+    assert restore.read_resume(tmp_path / "nowhere") is None
+    assert restore.restore_retainer(folder, tmp_path / "plain", 0, 1).marks is None
+    assert restore.read_resume(tmp_path / "plain") is None
+    (folder / "cut.json").write_text(
+        tables.Cut(cut.epoch, cut.at_ms, cut.offsets, resume={0: 17, 1: 5, 2: 9}).to_json()
+    )
+    for k, expected in enumerate([{0: 17, 2: 9}, {1: 5, 3: 0}]):
+        data_dir = tmp_path / f"retainer-{k}"
+        done = restore.restore_retainer(folder, data_dir, k, 2, partitions=PARTITIONS)
+        assert done.marks == expected
+        assert restore.read_resume(data_dir) == restore.Resume(cut.epoch, expected)
+    restore.resumed(tmp_path / "retainer-0")
+    assert restore.read_resume(tmp_path / "retainer-0") is None
+    (tmp_path / "retainer-1" / restore.RESUME_FILE).write_text('{"v": 1, "epoch": "e"}')
+    with pytest.raises(restore.RestoreError, match="not a resume record"):
+        restore.read_resume(tmp_path / "retainer-1")

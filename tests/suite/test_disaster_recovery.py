@@ -10,11 +10,14 @@ from __future__ import annotations
 import json
 import shutil
 import signal
+import time
 from pathlib import Path
 
 import httpx
 import pytest
 
+from relay_archive import reader, rebuild, tables
+from relay_archive.store import LocalStore
 from tests import helpers
 from tests.api.client import Recipient, b64u
 from tests.api.test_ds import replay
@@ -140,6 +143,12 @@ def _verify_clean(tmp_path: Path, d: str) -> None:
 
 
 def test_a_lost_retainer_gets_its_retained_messages_and_streams_back(tmp_path: Path) -> None:
+    """A retainer's volume is lost. Restored from a rebuild of an archive that had not caught up
+    (a copy taken before the last writes, put back: as if the archiver lagged), it refuses to
+    start, naming the partitions whose committed offsets pass the archive's end (reading them
+    again could not bring those writes back: a request read past its deadline is dropped).
+    Restored again once the archive has caught up, it reads on from the archive's end, and
+    everything acknowledged is there."""
     written: list[tuple[str, str]] = []
     with helpers.suite(tmp_path, "--port", "0", **FAST) as running:
         with httpx.Client(base_url=running.state.ingress_url, timeout=20) as http:
@@ -152,21 +161,46 @@ def test_a_lost_retainer_gets_its_retained_messages_and_streams_back(tmp_path: P
             for n in range(5):
                 body = {"topic": f"dev/{n}/state", "payload": b64u(b"on"), "retain": True}
                 assert http.post("/v1/publish", json=body).status_code == 202
-        _caught_up(running.data_dir)
+            wait_archived(running.data_dir, retained=5, streams=12)
+            shutil.copytree(running.data_dir / "archive", tmp_path / "archive-lagging")
+            for n in range(5, 8):
+                body = {"topic": f"dev/{n}/state", "payload": b64u(b"late"), "retain": True}
+                assert http.post("/v1/publish", json=body).status_code == 202
+            late = {"topic": "log/1", "payload": b64u(b"after the lagging archive's end")}
+            assert http.post("/v1/ds/messages/messages", json=[late]).status_code == 201
+            written.append((late["topic"], late["payload"]))
+            wait_retained(http, 8)
+        wait_archived(running.data_dir, retained=8, streams=13)
         _stop(running)
     data_dir = running.data_dir
     d = str(data_dir)
-    shutil.rmtree(data_dir / "retainer-0")  # the volume is gone
+    shutil.move(data_dir / "archive", tmp_path / "archive-caught-up")
+    shutil.copytree(tmp_path / "archive-lagging", data_dir / "archive")
 
-    rebuilt = tmp_path / "rebuilt"
-    done = relayctl("rebuild", "--data-dir", d, "--out", str(rebuilt), "--engine", "python")
-    assert done.returncode == 0, done.stderr[-3000:]
-    target = str(data_dir / "retainer-0")
-    done = relayctl(
-        "restore", "retainer", "--from", str(rebuilt), "--ordinal", "0", "--data-dir", target
+    def lose_and_restore(rebuilt: Path) -> str:
+        shutil.rmtree(data_dir / "retainer-0")  # the volume is gone
+        done = relayctl("rebuild", "--data-dir", d, "--out", str(rebuilt), "--engine", "python")
+        assert done.returncode == 0, done.stderr[-3000:]
+        target = str(data_dir / "retainer-0")
+        done = relayctl(
+            "restore", "retainer", "--from", str(rebuilt), "--ordinal", "0", "--data-dir", target
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    assert "restored 5 retained messages, 12 durable-stream messages" in lose_and_restore(
+        tmp_path / "rebuilt-lagging"
     )
-    assert done.returncode == 0, done.stderr
-    assert "restored 5 retained messages, 12 durable-stream messages" in done.stdout
+    refused = "restored from an archive that ended before"
+    with (
+        pytest.raises(AssertionError, match=refused),
+        helpers.suite(tmp_path, "--port", "0", **FAST),
+    ):
+        pass
+    shutil.rmtree(data_dir / "archive")  # the archiver caught up
+    shutil.move(tmp_path / "archive-caught-up", data_dir / "archive")
+    restored = lose_and_restore(tmp_path / "rebuilt")
+    assert "restored 8 retained messages, 13 durable-stream messages" in restored
 
     with helpers.suite(tmp_path, "--port", "0", **FAST) as running:
         with httpx.Client(base_url=running.state.ingress_url, timeout=20) as http:
@@ -175,9 +209,41 @@ def test_a_lost_retainer_gets_its_retained_messages_and_streams_back(tmp_path: P
             found = replay(http, "#") + replay(http, "$ops/#")
             held = sorted((m["topic"], m["payload"]) for m in found)
             assert held == sorted([*written, ("log/0", b64u(b"after the restore"))])
-            retained = http.get("/v1/retained", params={"filter": "dev/#"})
-            assert retained.status_code == 200, retained.text
-            assert len(retained.json()["messages"]) == 5
+            wait_retained(http, 8)
+        assert not (data_dir / "retainer-0" / "resume.json").exists()
         _caught_up(running.data_dir)
         _stop(running)
     _verify_clean(tmp_path, d)
+
+
+def wait_retained(http: httpx.Client, count: int) -> None:
+    """Until the retainer holds `count` retained messages under `dev/` (publishes are applied
+    asynchronously after their 202)."""
+    deadline = time.monotonic() + 30
+    while True:
+        retained = http.get("/v1/retained", params={"filter": "dev/#"})
+        assert retained.status_code == 200, retained.text
+        if len(retained.json()["messages"]) == count:
+            return
+        assert time.monotonic() < deadline, retained.json()
+        time.sleep(0.2)
+
+
+def wait_archived(data_dir: Path, *, retained: int, streams: int) -> None:
+    """Until a rebuild of the archive as it stands holds `retained` retained messages and
+    `streams` stream messages (the archiver's reported lag is sampled, so it can read 0 just
+    before new records reach it)."""
+    store = LocalStore(data_dir / "archive")
+    deadline = time.monotonic() + 60
+    while True:
+        epochs = reader.epochs(store)
+        if epochs:
+            cut = tables.Cut(epochs[0], int(time.time() * 1000))
+            held = (
+                len(rebuild.rebuild_retained(store, cut).topics),
+                len(tables.stream_rows(rebuild.rebuild_streams(store, cut))),
+            )
+            if held == (retained, streams):
+                return
+        assert time.monotonic() < deadline, f"archived: {held if epochs else None}"
+        time.sleep(0.3)

@@ -45,7 +45,8 @@ def _fail(message: str) -> NoReturn:
 
 def _cut(store: ArchiveStore, export_dir: Path | None, epoch: str | None) -> tables.Cut:
     """The export's cut, or (no export) everything archived in `epoch` (the only one if unset):
-    each command partition up to its resume point."""
+    each command partition up to its resume point, and the publications' resume points (where
+    a retainer restored from it reads on)."""
     try:
         if export_dir is not None:
             cut = export.read_cut(export_dir, export.read_manifest(export_dir))
@@ -65,7 +66,8 @@ def _cut(store: ArchiveStore, export_dir: Path | None, epoch: str | None) -> tab
     elif epoch not in known:
         _fail(f"epoch {epoch!r} is not in the archive (it holds {known})")
     offsets = reader.resume_points(store, epoch, topics.QUEUE_COMMANDS)
-    return tables.Cut(epoch, int(time.time() * 1000), offsets)
+    resume = reader.resume_points(store, epoch, topics.PUBLICATIONS)
+    return tables.Cut(epoch, int(time.time() * 1000), offsets, resume=resume)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -280,10 +280,12 @@ def restore_command(
                 f"({done.quota_markers_skipped} quota markers not restored); marks {done.marks}"
             )
         elif service == "retainer":
-            done = restore.restore_retainer(rebuilt, target, ordinal, replicas, stream_shards)
+            done = restore.restore_retainer(
+                rebuilt, target, ordinal, replicas, stream_shards, partitions
+            )
             typer.echo(
                 f"restored {done.retained} retained messages, "
-                f"{done.streams} durable-stream messages"
+                f"{done.streams} durable-stream messages; resumes at {done.marks}"
             )
         else:
             typer.echo(f"relayctl: restore: {service!r} is not queue-writer or retainer", err=True)

@@ -6,17 +6,21 @@ k`: each queue record in the store log (active or suspended), its messages in th
 sends were applied (partition and offset) with their ts and expiry, and, per owned partition,
 the journal mark `<epoch>:<cut offset>` the queue-writer resumes from: commands before the cut
 are in the restored state, commands after it are read from Kafka as usual. A retainer gets the
-rebuilt retained messages of its partitions, with their ts and expiry; it resumes from its
-consumer group's committed offsets, which a lost volume does not lose. It also gets the rebuilt
+rebuilt retained messages of its partitions, with their ts and expiry, and, when the rebuild
+took everything archived (no export: the cut's `resume`), `resume.json`: per partition it
+owns, the first offset the rebuild did not hold (0 where nothing was archived). Before its
+consumer reads, the retainer sets its group's committed offsets to them and removes the file,
+so it reads on from exactly where its restored stores end; if its group had committed past
+one (the lost retainer applied records the archive did not hold yet: the archiver lags by up
+to a roll age), it refuses to start instead, since reading those again could not apply them
+(`relay_retainer.resume`). It also gets the rebuilt
 durable-stream messages of its partitions (each row's `partition` is the Kafka partition its
 `store` request came on, which is the topic's: `partition_of_topic`), written through the
 stream engine (`StreamStore.store_batch`, each message with its own ts), per database, into
 databases created with `stream_shards` shards (the retainer's `RELAY_STREAMS__SHARDS`).
 
-Caveat (retainer): it resumes from its group's committed offsets, not from the rebuild's cut,
-so a write the lost retainer committed past the archive's end (the archiver lags by up to a
-roll age) is in neither. Rebuild only once `relayctl archive status` shows no lag on
-`relay.publications` with the retainer stopped (its committed offsets then stand still).
+Caveat (retainer): a rebuild from an export has no `resume` (its cut is per store, not one
+offset per partition): that retainer reads on from its group's committed offsets.
 
 Invariants: a restore writes only into a data dir that holds no journal, store log, retained
 store or stream store (`RestoreError` before anything is written otherwise); everything
@@ -35,11 +39,14 @@ from typing import Any
 
 from relay_archive import tables
 from relay_durable import codec
+from relay_durable.appendlog import fsync_dir
 from relay_journal.journal import QueueJournal
 from relay_journal.settings import JournalSettings
 from relay_queues import ids
 from relay_storelog.records import QueueRecord
 from relay_storelog.store import StoreLog, StoreLogSettings
+from relay_streams import files
+from relay_streams.errors import CorruptRecord
 from relay_streams.model import Message
 from relay_streams.retained import RetainedStore, Write
 from relay_streams.settings import DbSettings
@@ -59,6 +66,37 @@ class Restored:
     marks: dict[int, int] | None = None
     streams: int = 0
     """Durable-stream messages written."""
+
+
+RESUME_FILE = "resume.json"
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Where a restored retainer reads `relay.publications` on: per partition restored, the
+    first offset its stores do not hold, in the log of `epoch`."""
+
+    epoch: str
+    offsets: dict[int, int]
+
+
+def read_resume(data_dir: Path) -> Resume | None:
+    """The data dir's `resume.json`, if a restore left one (`RestoreError` if unreadable)."""
+    path = data_dir / RESUME_FILE
+    if not path.exists():
+        return None
+    try:
+        data = files.read_json(path)
+        offsets = {int(p): int(o) for p, o in data["offsets"].items()}
+        return Resume(str(data["epoch"]), offsets)
+    except (CorruptRecord, KeyError, TypeError, ValueError, AttributeError) as error:
+        raise RestoreError(f"{path}: not a resume record ({error})") from None
+
+
+def resumed(data_dir: Path) -> None:
+    """The resume points are committed: the file goes (durably)."""
+    (data_dir / RESUME_FILE).unlink(missing_ok=True)
+    fsync_dir(data_dir)
 
 
 def _owned(partition: int, ordinal: int, replicas: int) -> bool:
@@ -144,15 +182,21 @@ STREAM_BATCH = 1000
 
 
 def restore_retainer(
-    rebuilt: Path, data_dir: Path, ordinal: int, replicas: int, stream_shards: int = 4
+    rebuilt: Path,
+    data_dir: Path,
+    ordinal: int,
+    replicas: int,
+    stream_shards: int = 4,
+    partitions: int = 8,
 ) -> Restored:
     """Retained messages and durable-stream messages of this retainer's partitions (each row's
-    `partition`, computed by the rebuild, is the Kafka partition its request came from)."""
+    `partition`, computed by the rebuild, is the Kafka partition its request came from), and
+    their resume points when the cut has them (`partitions`: of `relay.publications`)."""
     if not 0 <= ordinal < replicas:
         raise RestoreError(f"ordinal {ordinal} is not in 0..{replicas - 1}")
     if stream_shards < 1:
         raise RestoreError(f"stream shards must be at least 1, got {stream_shards}")
-    read_cut(rebuilt)
+    cut = read_cut(rebuilt)
     _refuse_if_used(data_dir / "retained", data_dir / "streams")
     rows = [
         r
@@ -175,7 +219,12 @@ def restore_retainer(
         for start in range(0, len(writes), 1000):
             store.store_many(writes[start : start + 1000])
     _restore_streams(streams, data_dir / "streams", stream_shards)
-    return Restored(retained=len(rows), streams=len(streams))
+    marks = None
+    if cut.resume is not None:
+        marks = {p: cut.resume.get(p, 0) for p in range(partitions) if _owned(p, ordinal, replicas)}
+        offsets = {str(p): offset for p, offset in marks.items()}
+        files.write_json(data_dir / RESUME_FILE, {"epoch": cut.epoch, "offsets": offsets})
+    return Restored(retained=len(rows), streams=len(streams), marks=marks)
 
 
 def _restore_streams(rows: list[dict[str, Any]], root: Path, shards: int) -> None:

@@ -103,7 +103,12 @@ class Cut:
     `stores` makes it exact where known: per partition, per store of the retainer (the
     retained store, each stream shard), the first offset whose write that store does not hold,
     read from the marks the stores keep in their write batches; `shards` places a stream
-    message in its shard (`relay_archive.standing`)."""
+    message in its shard (`relay_archive.standing`).
+
+    `resume`, for a cut of everything archived (no export): per publications partition, the
+    first offset not archived (absent: nothing archived), so the rebuilt retained and stream
+    state holds every record before it and none after; a restored retainer reads on from
+    there (`relay_archive.restore`). None for a cut from an export."""
 
     epoch: str
     at_ms: int
@@ -112,6 +117,7 @@ class Cut:
     publications_upto: dict[int, int] | None = None
     stores: dict[int, dict[str, int]] = field(default_factory=dict)
     shards: dict[int, dict[str, int]] = field(default_factory=dict)
+    resume: dict[int, int] | None = None
 
     def publication_cut(self) -> standing.PublicationCut:
         return standing.PublicationCut(
@@ -120,7 +126,7 @@ class Cut:
 
     def to_json(self) -> str:
         data = asdict(self)
-        for name in ("offsets", "publications", "publications_upto", "stores", "shards"):
+        for name in ("offsets", "publications", "publications_upto", "stores", "shards", "resume"):
             value = getattr(self, name)
             if value is not None:
                 data[name] = {str(k): v for k, v in sorted(value.items())}
@@ -137,6 +143,7 @@ class Cut:
             _offsets(data.get("publications_upto")),
             _per_partition(data.get("stores")),
             _per_partition(data.get("shards")),
+            _offsets(data.get("resume")),
         )
 
 

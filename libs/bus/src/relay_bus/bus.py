@@ -313,6 +313,35 @@ class Bus:
         found = await self._epoch_reader.end_offsets(tps)
         return {tp.partition: offset for tp, offset in found.items()}
 
+    async def committed_offsets(
+        self, topic: str, group_id: str, partitions: Sequence[int]
+    ) -> dict[int, int | None]:
+        """`group_id`'s committed offset of each partition of `topic` (None: none committed)."""
+        consumer = clients.consumer(self.settings, f"{self.client_id}-offsets", group_id)
+        await consumer.start()
+        try:
+            tps = [clients.TopicPartition(self.physical(topic), p) for p in partitions]
+            return {tp.partition: await consumer.committed(tp) for tp in tps}
+        finally:
+            await consumer.stop()
+
+    async def commit_offsets(self, topic: str, group_id: str, offsets: dict[int, int]) -> None:
+        """Set `group_id`'s committed offsets of `topic` (a restored retainer's resume points,
+        before its consumer reads them). Only for a group read by manual assignment (Relay's
+        fixed-partition consumers): Kafka takes such commits from any client."""
+        if not offsets:
+            return
+        consumer = clients.consumer(self.settings, f"{self.client_id}-offsets", group_id)
+        await consumer.start()
+        try:
+            wanted = {
+                clients.TopicPartition(self.physical(topic), p): o for p, o in offsets.items()
+            }
+            consumer.assign(list(wanted))
+            await consumer.commit(wanted)
+        finally:
+            await consumer.stop()
+
     def post(
         self,
         topic: str,

@@ -18,6 +18,7 @@ from relay_bus.fencing import Ownership
 from relay_bus.lifecycle import BusLifecycle
 from relay_bus.ownership_log import OwnershipLog
 from relay_bus.ownership_routes import ownership_routes
+from relay_retainer import resume
 from relay_retainer.ds import DsRequests
 from relay_retainer.ds_targets import TargetSync
 from relay_retainer.exports import RetainerExports
@@ -121,6 +122,7 @@ def build(config: RetainerSettings) -> tuple[FastAPI, BusLifecycle]:
         owned[:] = decided.owned(ordinal)
         await host.open()
         await retained_host.open()
+        await resume.commit(bus, GROUP, config.data.dir, owned)
         owned[:] = []
         if targets is not None:
             await targets.start()
