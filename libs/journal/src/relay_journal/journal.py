@@ -240,11 +240,14 @@ class QueueJournal:
             self._evict()
         return queue
 
-    def _apply_pending(self, queue: OpenQueue, positions: list[int]) -> OpenQueue:
+    def _apply_pending(
+        self, queue: OpenQueue, positions: list[int], *, evict: bool = True
+    ) -> OpenQueue:
         """Apply the replay's records to `queue` (just loaded), all at once, then report its
         missing write file, if any, counting the ACKs they replayed for messages no longer in
-        it. A record that cannot apply leaves the queue out of memory with its records still
-        pending (every use raises `CorruptJournal` again)."""
+        it, and (`evict`) close the least recently used queues beyond the bound. A record that
+        cannot apply leaves the queue out of memory with its records still pending (every use
+        raises `CorruptJournal` again)."""
         replayed = self._replayed
         assert replayed is not None
         missing, gone = queue.missing, queue.acks_of_gone
@@ -263,11 +266,12 @@ class QueueJournal:
                 del self._open[queue.id]
                 queue.close_files()
                 self._pending[queue.id] = positions
-                at = f"{replayed.path_of(position).name} at byte {position & ((1 << 40) - 1)}"
+                at = f"{replayed.path_of(position).name} at byte {replayed.offset_of(position)}"
                 raise errors.CorruptJournal(f"{at}: {error}") from None
         if missing is not None:
             _report_missing(queue.id, *missing, acked_in_replay=queue.acks_of_gone - gone)
-        self._evict()
+        if evict:
+            self._evict()
         return queue
 
     @property
@@ -297,10 +301,13 @@ class QueueJournal:
         try:
             done = 0
             while self._pending and (queues is None or done < queues):
-                queue_id = next(iter(self._pending))
-                self._queue(queue_id)
-                if queue_id in self._open:
-                    self._close_queue(queue_id)
+                # Closed again at once, so it evicts nothing: a checkpoint may run this in the
+                # middle of a change to a queue the caller holds.
+                queue_id, positions = next(iter(self._pending.items()))
+                del self._pending[queue_id]
+                loaded = self._load(queue_id, caught_up=False)
+                self._apply_pending(loaded, positions, evict=False)
+                self._close_queue(queue_id)
                 done += 1
         finally:
             self._segment_limit = limit

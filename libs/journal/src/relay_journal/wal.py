@@ -67,7 +67,7 @@ def read_segments(paths: list[Path]) -> Iterator[tuple[records.LogRecord, Path, 
     found = segments.read()
     try:
         for record, position in found:
-            yield record, segments.path_of(position), position & _OFFSET_MASK
+            yield record, segments.path_of(position), segments.offset_of(position)
     finally:
         found.close()  # releases its view of the mapping before the mapping is closed
         segments.close()
@@ -101,6 +101,10 @@ class MappedSegments:
 
     def path_of(self, position: int) -> Path:
         return self.paths[position >> _OFFSET_BITS]
+
+    @staticmethod
+    def offset_of(position: int) -> int:
+        return position & _OFFSET_MASK
 
     def record_at(self, position: int) -> records.LogRecord:
         mapped = self._maps[position >> _OFFSET_BITS]
