@@ -38,8 +38,9 @@ def test_merging_and_cutting_marks() -> None:
 
 
 def _copy_mid_writes(write: Callable[[int], None], copy: Callable[[], None]) -> int:
-    """Run `write(0)`, `write(1)`, ... on a thread; take `copy()` after 50 writes, stop after
-    100 more or less; the number of writes made."""
+    """Run `write(0)`, `write(1)`, ... on a thread; take `copy()` after 50 writes, stop 50
+    writes after it returned (so some surely follow the copy, however long it took on a loaded
+    machine); the number of writes made."""
     stop, count = threading.Event(), [0]
 
     def run() -> None:
@@ -54,7 +55,8 @@ def _copy_mid_writes(write: Callable[[int], None], copy: Callable[[], None]) -> 
     while count[0] < 50:
         time.sleep(0.001)
     copy()
-    while count[0] < 100:
+    after = count[0]
+    while count[0] < after + 50:
         time.sleep(0.001)
     stop.set()
     writer.join()
