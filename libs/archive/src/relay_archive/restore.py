@@ -64,6 +64,8 @@ class Restored:
     quota_markers_skipped: int = 0
     retained: int = 0
     marks: dict[int, int] | None = None
+    """Per partition, where the service reads on: a queue-writer's journal marks, a retainer's
+    resume points (None: none written)."""
     streams: int = 0
     """Durable-stream messages written."""
 
