@@ -120,3 +120,16 @@ def test_closing_before_the_catch_up_ends_leaves_the_rest_to_the_next_open(
     assert final.pending_queues == 0
     assert all(stored(final, queue) == expected[queue] for queue in QUEUES)
     final.close()
+
+
+def test_stats_of_a_lazy_open_apply_one_queue_per_item(tmp_path: Path) -> None:
+    settings, expected = crashed_journal(tmp_path)
+    journal = QueueJournal(settings, lazy=True)
+    walk = journal.stats()
+    first = next(walk)
+    # Not the whole catch-up at once: the first queue (emptied, not reported) and this one.
+    assert journal.pending_queues == len(QUEUES) - 2
+    found = {first[0]: first[1], **{queue: count for queue, count, _ in walk}}
+    assert found == {queue: len(ids) for queue, ids in expected.items() if ids}
+    assert (journal.pending_queues, journal.open_queues) == (0, 0)
+    journal.close()

@@ -602,13 +602,25 @@ class QueueJournal:
         queues are read from their state line without being opened (a closed queue's line is
         current: closing writes it; or its tail table entry, when newer), so this costs one
         small read per queue on disk and no memory; callers may yield to other work between
-        items."""
-        self.catch_up()
+        items. A queue a lazy open has not reached applies its replayed records first (as any
+        use does), one per item: the walk never holds the caller for the whole catch-up."""
         seen = set()
         for queue_id, queue in list(self._open.items()):
             seen.add(queue_id)
             if queue.state.size:
                 yield queue_id, queue.state.size, span_bytes(queue.folder, queue.state)
+        for queue_id in list(self._pending):
+            if queue_id in seen:
+                continue
+            seen.add(queue_id)
+            was_open = queue_id in self._open
+            queue = self._queue(queue_id)
+            size = queue.state.size
+            span = span_bytes(queue.folder, queue.state) if size else 0
+            if not was_open and queue_id in self._open:
+                self._close_queue(queue_id)
+            if size:
+                yield queue_id, size, span
         for fragments in {self.layout.current, self.layout.fragments_for_new}:
             for queue_id, folder in layout.iter_queue_dirs(self.root, fragments):
                 if queue_id in seen or queue_id in self._open:
