@@ -19,9 +19,10 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import structlog
@@ -313,17 +314,23 @@ class Bus:
         found = await self._epoch_reader.end_offsets(tps)
         return {tp.partition: offset for tp, offset in found.items()}
 
+    @contextlib.asynccontextmanager
+    async def _group_client(self, group_id: str) -> AsyncIterator[clients.AIOKafkaConsumer]:
+        """A short-lived consumer of `group_id`, for its committed offsets only."""
+        consumer = clients.consumer(self.settings, f"{self.client_id}-offsets", group_id)
+        await consumer.start()
+        try:
+            yield consumer
+        finally:
+            await consumer.stop()
+
     async def committed_offsets(
         self, topic: str, group_id: str, partitions: Sequence[int]
     ) -> dict[int, int | None]:
         """`group_id`'s committed offset of each partition of `topic` (None: none committed)."""
-        consumer = clients.consumer(self.settings, f"{self.client_id}-offsets", group_id)
-        await consumer.start()
-        try:
-            tps = [clients.TopicPartition(self.physical(topic), p) for p in partitions]
+        tps = [clients.TopicPartition(self.physical(topic), p) for p in partitions]
+        async with self._group_client(group_id) as consumer:
             return {tp.partition: await consumer.committed(tp) for tp in tps}
-        finally:
-            await consumer.stop()
 
     async def commit_offsets(self, topic: str, group_id: str, offsets: dict[int, int]) -> None:
         """Set `group_id`'s committed offsets of `topic` (a restored retainer's resume points,
@@ -331,16 +338,10 @@ class Bus:
         fixed-partition consumers): Kafka takes such commits from any client."""
         if not offsets:
             return
-        consumer = clients.consumer(self.settings, f"{self.client_id}-offsets", group_id)
-        await consumer.start()
-        try:
-            wanted = {
-                clients.TopicPartition(self.physical(topic), p): o for p, o in offsets.items()
-            }
+        wanted = {clients.TopicPartition(self.physical(topic), p): o for p, o in offsets.items()}
+        async with self._group_client(group_id) as consumer:
             consumer.assign(list(wanted))
             await consumer.commit(wanted)
-        finally:
-            await consumer.stop()
 
     def post(
         self,
