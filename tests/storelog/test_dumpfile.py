@@ -171,7 +171,11 @@ def test_a_damaged_record_is_named_at_start_and_repair_keeps_the_others(tmp_path
     plain.close()
 
 
-def test_damage_in_an_index_or_a_cut_dump_is_detected(tmp_path: Path) -> None:
+@pytest.mark.parametrize("partial", [0, 7])
+def test_damage_in_an_index_or_a_cut_dump_is_detected(tmp_path: Path, partial: int) -> None:
+    """A cut after 100 whole records (and `partial` bytes of the next) keeps all 100: the
+    walk of a footerless file reaches its end (the last record ends within a footer's
+    length of it)."""
     _filled(tmp_path / "index", 300)
     path = _dump_path(tmp_path / "index")
     _damage(path, path.stat().st_size - dumpfile.FOOTER_BYTES - 100)  # in the sender index
@@ -186,8 +190,8 @@ def test_damage_in_an_index_or_a_cut_dump_is_detected(tmp_path: Path) -> None:
         record, keep = dumpfile.decode_record(data, keep)
         kept[record.recipient_id] = record
     with path.open("r+b") as f:
-        f.truncate(keep + 7)  # a copy cut short: 100 whole records, then part of one
-    assert keep + 7 < size
+        f.truncate(keep + partial)  # a copy cut short: 100 whole records, then part of one
+    assert keep + partial < size
     with pytest.raises(StoreLogCorrupt, match="footer damaged"):
         StoreLog(StoreLogSettings(root=tmp_path / "cut"))
     repaired = StoreLog(StoreLogSettings(root=tmp_path / "cut"), repair=True)

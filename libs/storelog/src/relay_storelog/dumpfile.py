@@ -52,7 +52,7 @@ from relay_storelog.records import STATUSES, QueueRecord
 MAGIC = b"RLYSTD\x00\x02"
 FOOTER_MAGIC = b"RLYSTDFT"
 _FOOTER = struct.Struct("<8s5QII4x")
-FOOTER_BYTES = _FOOTER.size  # 64
+FOOTER_BYTES = _FOOTER.size  # 60
 _FRAME = struct.Struct("<I")
 _FIXED = struct.Struct("<Bqqq")
 _LEN = struct.Struct("<H")
@@ -327,8 +327,10 @@ def salvage(path: Path) -> tuple[list[QueueRecord], dict[str, Any], int]:
         if offsets_len:
             offsets = orjson.loads(data[offsets_at : offsets_at + offsets_len])
     except (struct.error, orjson.JSONDecodeError, DumpError):
-        skipped += 1  # the offsets are lost; the records are walked until one fails
-        end = max(len(MAGIC), len(data) - FOOTER_BYTES)
+        # The offsets are lost; the records are walked until one fails. A file cut short
+        # has no footer at all, so its last whole record may end at the cut: walk to it.
+        skipped += 1
+        end = len(data)
     at = len(MAGIC)
     while at < end:
         try:
