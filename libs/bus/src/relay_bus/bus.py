@@ -13,13 +13,16 @@ Invariants:
   the keeper recreates missing topics and tells every consumer to read again from offset 0,
   because old positions point past the end of the new log. Handlers are idempotent, so reading
   again is safe;
-- readiness condition `kafka` is true only while the last check succeeded.
+- readiness condition `kafka` is true only while the last check succeeded; each consumer's
+  condition follows its `assigned` as it changes (a restarted group member is ready the moment
+  its partitions come back, not a check interval later).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -103,8 +106,9 @@ class Bus:
             member=member,
             on_unreadable=on_unreadable,
         )
-        self.consumers.append(consumer)
         self.readiness.register(consumer.name)
+        consumer.on_assigned = functools.partial(self.readiness.set, consumer.name)
+        self.consumers.append(consumer)
         return consumer
 
     def physical(self, topic: str) -> str:
@@ -127,7 +131,6 @@ class Bus:
         self.epoch = await self._read_epoch()
         for consumer in self.consumers:
             await consumer.start()
-            self.readiness.set(consumer.name, consumer.assigned)
         self.readiness.set("kafka", True)
         self._keeper = asyncio.create_task(self._keep(), name="kafka-keeper")
         log.info("kafka_connected", servers=self.settings.servers, epoch=self.epoch)
@@ -266,8 +269,6 @@ class Bus:
                 log.info("kafka_available", epoch=epoch)
             healthy = True
             self.readiness.set("kafka", True)
-            for consumer in self.consumers:
-                self.readiness.set(consumer.name, consumer.assigned)
 
     async def send(
         self,

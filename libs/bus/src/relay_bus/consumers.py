@@ -121,6 +121,7 @@ class Consumer:
         on_revoked: Revoked | None = None,
         member: str | None = None,
         on_unreadable: UnreadableHandler | None = None,
+        on_assigned: Callable[[bool], None] | None = None,
     ) -> None:
         if partitions is None and group_id is None:
             raise ValueError("a group consumer needs a group_id")
@@ -142,7 +143,10 @@ class Consumer:
         under the same name within the session timeout gets its partitions back without a
         rebalance (a killed one is not waited for until its session expires); the cost, a
         stopped member's partitions wait for that timeout (a static member does not leave)."""
-        self.assigned = False
+        self.on_assigned = on_assigned
+        """Told each change of `assigned` as it happens (the bus's readiness: a group member
+        is ready the moment its partitions are, not at the next periodic check)."""
+        self._assigned = False
         self._consumer: clients.AIOKafkaConsumer | None = None
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
@@ -156,6 +160,18 @@ class Consumer:
     @property
     def name(self) -> str:
         return f"consumer:{self.topic}"
+
+    @property
+    def assigned(self) -> bool:
+        """True once this consumer has partitions to read (or, on fixed partitions, none are
+        wanted yet); false before and after a crash of its loop."""
+        return self._assigned
+
+    @assigned.setter
+    def assigned(self, value: bool) -> None:
+        self._assigned = value
+        if self.on_assigned is not None:
+            self.on_assigned(value)
 
     def held(self) -> list[int]:
         """The partitions this consumer reads now (a group's current assignment)."""
