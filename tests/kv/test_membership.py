@@ -175,6 +175,21 @@ def test_the_steps_need_every_participant() -> None:
     assert membership.all_read_new(reports, everyone)
 
 
+def test_a_forgotten_site_is_not_waited_for_and_its_removal_has_one_starter() -> None:
+    """A dead joiner (forgotten) never reports PULLED: the others read the new set without it;
+    the removal then drops every forgotten site of the view, started by the lowest live site."""
+    change = membership.Change.start(View(1, tuple(SITES[:2])), SITES[:3], 2)
+    pulled = dict.fromkeys(SITES[:2], membership.Report.PULLED)
+    assert not membership.may_read_new(change, pulled)
+    assert membership.may_read_new(change, pulled, forgotten={SITES[2]})
+    view = change.new
+    assert membership.removal(view, {SITES[2]}) == tuple(sorted(SITES[:2]))
+    assert membership.removal(view, {SITES[4]}) is None  # not in the view: nothing to remove
+    assert membership.removal(View(1, (SITES[0],)), {SITES[0]}) is None  # none would be left
+    assert membership.starter(view, {SITES[0]}) == min(SITES[1:3])
+    assert membership.starter(View(1, (SITES[0],)), {SITES[0]}) is None
+
+
 @given(st.integers(1, 7))
 def test_a_pull_quorum_meets_every_default_write_quorum(home: int) -> None:
     assert membership.pull_quorum(home) + (home // 2 + 1) > home

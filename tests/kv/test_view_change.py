@@ -130,12 +130,17 @@ def storage(running: kvc.Cluster) -> dict[str, Any]:
     return shown
 
 
-def finished(running: kvc.Cluster, version: int, sites: list[str]) -> dict[str, Any] | None:
-    """The storage once every replicator runs the view `version` of `sites` (None before)."""
+def finished(
+    running: kvc.Cluster, version: int, sites: list[str], dead: tuple[str, ...] = ()
+) -> dict[str, Any] | None:
+    """The storage once every replicator (but the `dead` ones) runs the view `version` of
+    `sites` (None before)."""
     shown = storage(running)
     if shown["version"] != version or "change" in shown or shown["sites"] != sorted(sites):
         return None
-    for replicator in running.replicators.values():
+    for name, replicator in running.replicators.items():
+        if name in dead:
+            continue
         status = replicator.get("/internal/kv/status")
         if status["version"] != version or status["change"] is not None:
             return None
@@ -299,3 +304,54 @@ def test_a_replicator_killed_mid_change_resumes_it_and_one_started_meanwhile_tak
         check_held(running, load, three)
         check_reads(client, load)
         assert members_file(d)["view"] == {"version": 2, "sites": sorted(three)}
+
+
+def test_a_dead_joiner_is_forgotten_and_the_change_ends_without_it(
+    tmp_path: Path, kafka: helpers.Kafka, redis_url: str
+) -> None:
+    """C is SIGKILLed for good right after its join started: the change can never hear from it.
+    `PUT /ds/sites/{C}/forget` makes every site stop waiting for it; the join ends (C in the
+    view, holding nothing), and the lowest live site then starts the change that drops it.
+    A live site is refused and nothing changes; C cannot be named again. (An unknown site is
+    `tests/api/test_ds.py`'s: with no retainer here, the ingress cannot rule one out.)"""
+    env = {**QUIET, "RELAY_REQUEST_TIMEOUT_S": "20"}
+    with kvc.cluster(tmp_path, kafka, redis_url, names=("A", "B"), **env) as running:
+        client = start(running)
+        a, b = running.replicators["A"], running.replicators["B"]
+        c = running.add("C")
+        before = cold(client, "cold-")
+        two, three = [a.site, b.site], [a.site, b.site, c.site]
+        with Load(running.ingress_url, client.token) as load:
+            time.sleep(2)
+            joined = admin(running, "PUT", "/ds/storages/kv/replicas", three)
+            assert joined.status_code == 202, joined.text
+            running.kill("C")
+            time.sleep(2)
+            assert storage(running)["change"]["sites"] == sorted(three)  # waiting for C
+
+            for live in (a, b):  # one answers; the other coordinates (its own site)
+                alive = admin(running, "PUT", f"/ds/sites/{live.site}/forget")
+                assert alive.status_code == 400, alive.text
+                assert alive.json()["error"] == "BAD_REQUEST", alive.text
+            assert storage(running)["change"]["sites"] == sorted(three)
+            for replicator in (a, b):
+                assert members_file(replicator)["forgotten"] == []
+
+            forgot = admin(running, "PUT", f"/ds/sites/{c.site}/forget")
+            assert forgot.status_code == 204, forgot.text
+            eventually(
+                lambda: finished(running, 3, two, dead=("C",)), 60, "C dropped from the view"
+            )
+            time.sleep(1)
+        assert not load.violations, load.violations[:10]
+        assert load.answers["put 200"] > 10, load.answers
+        check_held(running, before, two)
+        check_held(running, load, two)
+        check_reads(client, load)
+        for replicator in (a, b):
+            assert members_file(replicator)["forgotten"] == [c.site]
+            assert members_file(replicator)["view"] == {"version": 3, "sites": sorted(two)}
+        again = admin(running, "PUT", "/ds/storages/kv/replicas", three)
+        assert again.status_code == 400, again.text
+        assert "forgotten" in again.json()["detail"], again.text
+        assert storage(running)["version"] == 3

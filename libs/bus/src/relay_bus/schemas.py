@@ -646,9 +646,11 @@ class KvRequest(_Request):
         "ns_put",
         "view",
         "view_change",
+        "forget",
     ]
     """`view` and `view_change` (admin): the replicators' membership and a change of it
-    (`sites`), for `/ds/storages/kv`."""
+    (`sites`), for `/ds/storages/kv`; `forget` (admin): stop waiting for a dead replicator
+    site (`sites`, one) and drop it from the view, for `PUT /ds/sites/{site}/forget`."""
     ns: str
     key: str = ""
     field: str = ""
@@ -669,7 +671,8 @@ class KvRequest(_Request):
     n: int | None = Field(None, ge=1)
     gc_grace_s: int | None = Field(None, ge=0)
     sites: tuple[str, ...] = ()
-    """The replicator sites a membership change is to end with (view_change)."""
+    """The replicator sites a membership change is to end with (view_change), or the one to
+    forget (forget)."""
 
 
 class KvAnswer(_Answer):
@@ -743,6 +746,8 @@ class KvMembership(KvAnswer):
     """Site id → `relay_kv.membership.Report`."""
     down: list[str]
     max_n: int
+    forgotten: list[str] = []
+    """Sites the admin declared dead: no change waits for them."""
 
 
 class KvViewChanging(KvAnswer):

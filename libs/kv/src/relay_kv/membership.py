@@ -154,15 +154,31 @@ def may_pull(reports: Mapping[str, Report], participants: Iterable[str]) -> bool
     return all(reports.get(s, 0) >= Report.INSTALLED for s in participants)
 
 
-def may_read_new(change: Change, reports: Mapping[str, Report]) -> bool:
+def may_read_new(
+    change: Change, reports: Mapping[str, Report], forgotten: Collection[str] = ()
+) -> bool:
     """Every site of the new view pulled its incoming shards (`Change.pulled_all`, as each
-    site reports it)."""
-    return all(reports.get(s, 0) >= Report.PULLED for s in change.new.sites)
+    site reports it), but a forgotten one (dead: it will never report, and holds nothing a
+    read could need, because every write it missed reached W of the others or failed)."""
+    return all(reports.get(s, 0) >= Report.PULLED for s in change.new.sites if s not in forgotten)
 
 
 def all_read_new(reports: Mapping[str, Report], participants: Iterable[str]) -> bool:
     """Every participant reads the new set: the old one may be dropped (`finished`)."""
     return all(reports.get(s, 0) >= Report.READING_NEW for s in participants)
+
+
+def removal(view: View, forgotten: Collection[str]) -> tuple[str, ...] | None:
+    """The sites a change is to end with to drop the forgotten sites still in `view` (None:
+    there are none, or no other site would be left)."""
+    kept = tuple(s for s in view.sites if s not in forgotten)
+    return kept if kept and len(kept) < len(view.sites) else None
+
+
+def starter(view: View, forgotten: Collection[str]) -> str | None:
+    """The one site that starts the `removal` change: the lowest live site of the view, so
+    that every site that knows the same forgotten sites picks the same one."""
+    return min((s for s in view.sites if s not in forgotten), default=None)
 
 
 def majorities(joint: Joint) -> tuple[int, int]:

@@ -20,7 +20,8 @@ Invariants:
   as `peers`), and it is answered 202 "OK" once every partition's owner has applied it. A
   retainer that misses it reads the record at its next start or poll
   (`relay_retainer.ds_targets`);
-- a forget goes to every retainer and is answered 204 once every partition's owner applied it;
+- a forget of a retainer's site goes to every retainer and is answered 204 once every
+  partition's owner applied it; a replicator's site is the replicators' to forget;
 - the storage `kv` is the replicators' (`relay_ingress.kv_storage`): its replica set is their
   membership, never a retainer's.
 """
@@ -142,7 +143,16 @@ async def get_site(ctx: Ctx, _: Admin, site: SitePath) -> Site:
 
 @router.put("/sites/{site}/forget", status_code=204, responses=documented(400, 404))
 async def forget_site(ctx: Ctx, _: Admin, site: SitePath) -> Response:
-    """Forget a site that is down and in no replica set (EMQX: 204)."""
+    """Forget a site that is down (EMQX: 204): a retainer's, once it is in no replica set; a
+    replicator's is dropped from the replicators' view, and no change waits for it any more
+    (`kv_storage.forget`). The replicators are asked first: they answer without the retainers."""
+    try:
+        replicators: schemas.KvMembership | None = await kv_storage.membership(ctx)
+    except ApiError:
+        replicators = None  # none answers: the site can only be a retainer's
+    if replicators is not None and kv_storage.names(replicators, site):
+        await kv_storage.forget(ctx, site)
+        return Response(status_code=204)
     view = await _view(ctx)
     with _refusals():
         wanted = view.forgettable(site)

@@ -1,6 +1,7 @@
 """The storage `kv` of the `/ds` admin API: the replicators' membership (their sites and the
 change under way) shown and changed through `GET /ds/storages/kv` and `PUT
-/ds/storages/kv/replicas` (API.md), over `relay.replication` like any key-value request.
+/ds/storages/kv/replicas` (API.md), and a dead replicator's site forgotten through `PUT
+/ds/sites/{site}/forget`, over `relay.replication` like any key-value request.
 
 The replicators keep the membership (`relay_replicator.changes`): the ingress only asks
 whichever replicator coordinates partition 0 (`view`, `view_change`); that one checks the sites
@@ -89,6 +90,18 @@ async def leave(ctx: Context, site: str) -> None:
     if wanted not in target:
         raise ApiError(404, "NOT_FOUND", f"site {wanted} is not a replicator of kv")
     await set_replicas(ctx, [s for s in target if s != wanted])
+
+
+def names(state: schemas.KvMembership, site: str) -> bool:
+    """Whether `site` is a replicator's, as far as the answering replicator knows."""
+    change = state.change.new.sites if state.change else []
+    return site in {state.site, *state.view.sites, *state.sites, *change, *state.forgotten}
+
+
+async def forget(ctx: Context, site: str) -> None:
+    """Forget a dead replicator site: the replicator checks it (unknown: 404; answering, or
+    leaving fewer sites than a namespace's N: 400) before anything changes."""
+    await asking.replicator(ctx, 0, op="forget", ns=_NS, sites=[_parse(site)], admin=True)
 
 
 def _parse(site: str) -> sites.SiteId:

@@ -21,12 +21,22 @@ The rules are `relay_kv.membership`'s; this module sequences them:
      `members.json`;
   2. once every site of the new view pulled, this site reads the new home replicas;
   3. once every participant reads them, the new view is the view (writes stop going to the old
-     home replicas).
+     home replicas);
+- **forget** (`forget`, the admin's `PUT /ds/sites/{site}/forget` for a replicator site that
+  does not answer): the site is forgotten here and, through the rounds' bodies, everywhere; no
+  step waits for its report any more (it is no participant, and a new view's site that is
+  forgotten need not pull). With no change under way, the change that drops it from the view
+  starts at once; during one, the change ends first and the lowest live site of the view then
+  starts that removal (`membership.removal`, `membership.starter`). A forgotten site never
+  takes part again (a change naming it is refused): a replicator comes back as a new site, with
+  a new data directory.
 
 Invariants: this site's report only grows and is on disk before anyone hears it; a round that
 fails to reach a peer changes nothing but waits for the next; a site that missed a change is
 given it by the next round of any participant; a change is refused (409) while another is under
-way, and asking again for the change under way is answered as accepted (the ingress resends).
+way, and asking again for the change under way is answered as accepted (the ingress resends);
+a site that answers is never forgotten, nor one whose loss would leave fewer sites than a
+namespace's N.
 """
 
 from __future__ import annotations
@@ -68,6 +78,8 @@ class Changes:
         self.store = store
         self.timeout_s = timeout_s
         self._settled_at: float | None = None
+        self._removal_refused: str | None = None
+        """Why the last removal of forgotten sites was refused (logged once, retried)."""
         self._lock = asyncio.Lock()
         self._rounds = Periodic("kv-change", round_s, self.round)
 
@@ -85,6 +97,8 @@ class Changes:
         if request.op == "view":
             state = schemas.KvMembership.model_validate(await self.describe())
             return Outcome(200, state.model_dump())
+        if request.op == "forget":
+            return await self.forget(request.sites)
         return await self.begin(list(request.sites))
 
     async def describe(self) -> dict[str, Any]:
@@ -119,6 +133,49 @@ class Changes:
         await self._tell_everyone(change)  # the next rounds carry it on
         return _changing(change.new.version)
 
+    async def forget(self, sites: tuple[str, ...]) -> Outcome:
+        """Forget one dead site (202 with the version the view will have), or say why not
+        (nothing changed): it is this one (400), unknown (404), answers (400), or its loss
+        would leave fewer sites than a namespace's N (400 `REPLICA_SET_TOO_SMALL`)."""
+        peers = self.peers
+        if len(sites) != 1:
+            return Outcome.refused(400, "BAD_REQUEST", "forget names one site")
+        (site,) = sites
+        if site == peers.me:
+            return Outcome.refused(400, "BAD_REQUEST", f"site {site} is this replicator's own")
+        change = peers.change
+        named = {*peers.view.sites, *peers.sites, *(change.new.sites if change else ())}
+        if site not in named and site not in peers.forgotten:
+            return Outcome.refused(404, "NOT_FOUND", f"unknown site {site}")
+        with contextlib.suppress(PeerError, ValueError, KeyError):
+            await peers.get(site, "/internal/kv/members")
+            detail = f"site {site} answers; only a site that is gone can be forgotten"
+            return Outcome.refused(400, "BAD_REQUEST", detail)
+        async with self._lock:
+            kept = [s for s in (change.new.sites if change else peers.view.sites) if s != site]
+            needed = max(self.max_n(), 1)
+            if len(kept) < needed:
+                detail = f"{len(kept)} sites would be left, but a namespace has n={needed}"
+                return Outcome.refused(400, "REPLICA_SET_TOO_SMALL", detail)
+            if peers.forget({site}):
+                peers.save()
+        if peers.change is None:
+            await self._remove_forgotten()
+        version = peers.change.new.version if peers.change else peers.view.version
+        return _changing(version)
+
+    async def _remove_forgotten(self) -> None:
+        """With no change under way, start the one that drops the forgotten sites of the view,
+        at its one starter (any site, for the admin's own request)."""
+        peers = self.peers
+        target = membership.removal(peers.view, peers.forgotten)
+        if peers.change is not None or target is None:
+            return
+        outcome = await self.begin(list(target))
+        if outcome.status != 202 and outcome.detail != self._removal_refused:
+            log.warning("kv_removal_refused", sites=target, detail=outcome.detail)
+        self._removal_refused = None if outcome.status == 202 else outcome.detail
+
     async def _start(self, wanted: tuple[str, ...]) -> membership.Change:
         peers = self.peers
         if peers.change is not None:
@@ -126,7 +183,11 @@ class Changes:
                 raise _Answer(_changing(peers.change.new.version))
             raise _conflict(f"a change to {peers.change.new.sites} is under way")
         answers: dict[str, dict[str, Any]] = {peers.me: await self.describe()}
-        for site in sorted(peers.sites):
+        back = sorted(set(wanted) & peers.forgotten)
+        if back:
+            detail = f"sites {back} were forgotten: a replicator comes back as a new site"
+            raise _Answer(Outcome.refused(400, "BAD_REQUEST", detail))
+        for site in sorted(set(peers.sites) - peers.forgotten):
             with contextlib.suppress(PeerError, ValueError):
                 answers[site] = await peers.get(site, "/internal/kv/members")
         for answer in answers.values():
@@ -147,7 +208,9 @@ class Changes:
             raise _Answer(Outcome.refused(400, "REPLICA_SET_TOO_SMALL", str(error))) from None
         if target == peers.view.sites:
             raise _Answer(_changing(peers.view.version))
-        silent = sorted(s for s in {*peers.view.sites, *target} if s not in answers)
+        silent = sorted(
+            s for s in {*peers.view.sites, *target} if s not in answers and s not in peers.forgotten
+        )
         if silent:
             detail = f"sites {silent} do not answer; nothing changed"
             raise _Answer(Outcome.refused(503, "UNAVAILABLE", detail))
@@ -170,6 +233,10 @@ class Changes:
         async with self._lock:
             if not peers.established:
                 raise Refused("this replicator has no view yet")
+            if sender in peers.forgotten:
+                raise Refused(f"site {sender} was forgotten")
+            if peers.forget({str(s) for s in body.get("forgotten", ())}):
+                peers.save()
             if change.new.version <= peers.view.version:
                 return {"report": int(Report.DONE)}
             if peers.change is None:
@@ -193,8 +260,12 @@ class Changes:
         peers = self.peers
         _VIEW.set(peers.view.version)
         change = peers.change
-        if change is None or not peers.established:
+        if not peers.established:
+            return
+        if change is None:
             _STEP.set(0)
+            if membership.starter(peers.view, peers.forgotten) == peers.me:
+                await self._remove_forgotten()
             return
         await self._tell_everyone(change)
         if peers.change is not change:  # taken from a peer meanwhile (at start): next round
@@ -209,7 +280,7 @@ class Changes:
                     return
                 self._advance(Report.PULLED)
         if peers.reports[peers.me] == Report.PULLED and membership.may_read_new(
-            change, peers.reports
+            change, peers.reports, peers.forgotten
         ):
             async with self._lock:
                 peers.change = change.reading_new()
@@ -239,6 +310,7 @@ class Changes:
             "change": membership.encode_change(change),
             "participants": list(peers.participants),
             "sites": {**peers.sites, **({peers.me: peers.url} if peers.url else {})},
+            "forgotten": sorted(peers.forgotten),
         }
 
         async def tell(site: str) -> bool:
@@ -271,7 +343,7 @@ class Changes:
         me = peers.me
         old_sites = [s for s in change.old.sites if s != me]
         held: dict[str, dict[int, set[int]]] = {}
-        for site in old_sites:
+        for site in (s for s in old_sites if s not in peers.forgotten):  # (missing, below)
             with contextlib.suppress(PeerError, KeyError, ValueError):
                 answer = await peers.call(site, "/internal/kv/tree/held", {})
                 held[site] = {int(n): set(s) for n, s in answer["classes"].items()}

@@ -165,7 +165,8 @@ class Coordinator:
         self._lookups: dict[str, asyncio.Future[names.Namespace]] = {}
         self._background: set[asyncio.Task[Any]] = set()
         self.view_ops: Callable[[schemas.KvRequest], Awaitable[Outcome]] | None = None
-        """Runs the admin's `view` and `view_change` requests (`relay_replicator.changes`)."""
+        """Runs the admin's `view`, `view_change` and `forget` requests
+        (`relay_replicator.changes`)."""
 
     # -- the consumer's side ---------------------------------------------------------------
 
@@ -233,7 +234,7 @@ class Coordinator:
             raise Refusal(503, "UNAVAILABLE", "the replicator is joining a membership change")
         if request.op == "ns_put":
             return await self._ns_put(request)
-        if request.op in ("view", "view_change"):
+        if request.op in ("view", "view_change", "forget"):
             if self.view_ops is None:
                 raise Refusal(503, "UNAVAILABLE", "membership changes are not wired here")
             return await self.view_ops(request)

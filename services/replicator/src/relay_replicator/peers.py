@@ -10,7 +10,8 @@ view asks the peers at start too and takes a newer view or change than its own (
 while it was down). It then tells every peer its URL (`POST /internal/kv/announce`), so the
 ones whose list lacks it learn it. Everything is kept in `<data dir>/kv/members.json` (the view,
 the URL of every site heard of, the change under way with this site's report and the shards it
-pulled), written atomically, so a restart resumes a change where it was.
+pulled, and the sites the admin forgot), written atomically, so a restart resumes a change where
+it was.
 
 Failure detection is passive: a call that fails (refused, timed out, 5xx) marks the site down for
 `down_s`; while down it is not reachable, so quorums plan without it (UNAVAILABLE rather than a
@@ -79,6 +80,9 @@ class Peers:
         self.pulled: dict[int, set[int]] = {}
         """n -> the shards this site pulled for `change` (kept, so a restart does not redo
         them)."""
+        self.forgotten: set[str] = set()
+        """Sites the admin declared dead (`PUT /ds/sites/{site}/forget`): no change waits for
+        them, and a change drops them from the view (`relay_replicator.changes`)."""
         self.url: str | None = None
         """This replicator's own URL, once one of the list turned out to be it."""
         self._down_until: dict[str, float] = {}
@@ -112,6 +116,7 @@ class Peers:
                 self.participants = tuple(known.get("participants", ()))
                 self.reports = {self.me: Report(int(known.get("report", Report.INSTALLED)))}
                 self.pulled = {int(n): set(s) for n, s in known.get("pulled", {}).items()}
+        self.forgotten = {str(s) for s in known.get("forgotten", ())}
         self.url = known.get("url") or None
         self.established = True
 
@@ -123,6 +128,7 @@ class Peers:
             "sites": dict(sorted(self.sites.items())),
             "url": self.url,
             "change": None,
+            "forgotten": sorted(self.forgotten),
         }
         if self.change is not None:
             state.update(
@@ -247,6 +253,7 @@ class Peers:
             if site != self.me:
                 self.sites.setdefault(str(site), str(url))
         self.view = membership.decode_view(other["view"])
+        self.forgotten |= {str(s) for s in other.get("forgotten", ()) if s != self.me}
         raw = other.get("change")
         if raw is None:
             self.change, self.participants, self.reports, self.pulled = None, (), {}, {}
@@ -263,7 +270,7 @@ class Peers:
                 self.sites.setdefault(site, url)
         self.view = old
         self.change = Change(change.old, change.new)
-        self.participants = participants
+        self.participants = tuple(s for s in participants if s not in self.forgotten)
         self.reports = {self.me: Report.INSTALLED}
         self.pulled = {}
 
@@ -272,6 +279,18 @@ class Peers:
         if self.change is not None:
             self.view = self.change.new
         self.change, self.participants, self.reports, self.pulled = None, (), {}, {}
+
+    def forget(self, sites: set[str]) -> bool:
+        """Stop waiting for `sites` (dead, declared so by the admin); True if any was new."""
+        new = sites - self.forgotten - {self.me}
+        if not new:
+            return False
+        self.forgotten |= new
+        self.participants = tuple(s for s in self.participants if s not in new)
+        for site in new:
+            self.reports.pop(site, None)
+        log.warning("kv_sites_forgotten", sites=sorted(new))
+        return True
 
     def report(self, site: str, report: Report) -> None:
         if report > self.reports.get(site, 0):
@@ -308,6 +327,7 @@ class Peers:
             "change": None if self.change is None else membership.encode_change(self.change),
             "participants": list(self.participants),
             "reports": {s: int(r) for s, r in self.reports.items()},
+            "forgotten": sorted(self.forgotten),
         }
 
     def _update_readiness(self) -> None:
