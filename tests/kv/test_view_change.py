@@ -20,6 +20,7 @@ import json
 import random
 import threading
 import time
+import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -355,3 +356,56 @@ def test_a_dead_joiner_is_forgotten_and_the_change_ends_without_it(
         assert again.status_code == 400, again.text
         assert "forgotten" in again.json()["detail"], again.text
         assert storage(running)["version"] == 3
+
+
+def test_two_changes_started_at_once_never_split_the_sites(
+    tmp_path: Path, kafka: helpers.Kafka, redis_url: str
+) -> None:
+    """Two replicators asked at the same moment for different changes (a rebalance of partition
+    0 can make two coordinators): at most one is accepted, and only once every participant
+    holds it; a refused one leaves nothing behind. Without a compare-and-set start, each site
+    kept whichever change reached it first and neither could ever finish."""
+    with kvc.cluster(tmp_path, kafka, redis_url, names=("A", "B", "C", "D"), **QUIET) as running:
+        start(running)
+        by_name = running.replicators
+        sites = {name: r.site for name, r in by_name.items()}
+        wanted = {
+            "A": sorted([sites["A"], sites["B"], sites["C"]]),
+            "B": sorted([sites["A"], sites["B"], sites["D"]]),
+        }
+
+        def ask(name: str, answers: dict[str, Any]) -> None:
+            request = {
+                "kind": "kv_request",
+                "id": uuid.uuid4().hex,
+                "origin": "test",
+                "reply_slot": 0,
+                "deadline_ms": time.time() * 1000 + 60_000,
+                "op": "view_change",
+                "ns": "$members",
+                "sites": wanted[name],
+                "admin": True,
+            }
+            answers[name] = by_name[name].post("/internal/kv/coordinate", request)
+
+        accepted: list[str] = []
+        for _ in range(5):
+            answers: dict[str, Any] = {}
+            threads = [threading.Thread(target=ask, args=(n, answers)) for n in wanted]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(30)
+            held = {n: r.get("/internal/kv/status")["change"] for n, r in by_name.items()}
+            accepted = [n for n, answer in answers.items() if answer["status"] == 202]
+            assert len(accepted) <= 1, answers
+            refused = {answer["code"] for answer in answers.values() if answer["status"] != 202}
+            assert refused <= {"CHANGE_IN_PROGRESS", "UNAVAILABLE"}, answers
+            if accepted:
+                assert all(h == wanted[accepted[0]] for h in held.values()), (answers, held)
+                break
+            assert all(h is None for h in held.values()), (answers, held)  # nothing changed
+        assert accepted, "five rounds of two starts: none accepted"
+        eventually(
+            lambda: finished(running, 2, wanted[accepted[0]]), 60, "the accepted change ended"
+        )

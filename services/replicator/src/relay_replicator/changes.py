@@ -6,10 +6,14 @@ The rules are `relay_kv.membership`'s; this module sequences them:
 - **start** (`begin`, at whichever replicator coordinates the request): every site heard of is
   asked for its membership (`GET /internal/kv/members`); the sites asked for are checked
   (`membership.check_target`, against the largest N of the namespace definitions the sites
-  hold); the change (old view -> new view, version + 1) is installed here and pushed to every
+  hold); the change (old view -> new view, version + 1) is installed here and offered to every
   participant (the sites of both views and every other replicator that answered: each of them
-  coordinates); a replicator that gets the change otherwise (started during it) coordinates
-  nothing until every participant has heard its report (and so counts it, or has finished);
+  coordinates). The start is a compare-and-set: it is accepted only once every participant
+  took it; if one holds another change or a newer view (two coordinators started at once), or
+  does not answer, it is withdrawn everywhere it was taken (409 or 503), and nothing can have
+  moved meanwhile, because no site pulls before every participant holds the change. A
+  replicator that gets the change otherwise (started during it) coordinates nothing until
+  every participant has heard its report (and so counts it, or has finished);
 - **rounds** (every `round_s`, while a change is held): this site tells every participant how far
   it is (`POST /internal/kv/change`, which also installs the change at a site that missed it)
   and learns how far they are from the answers; then, in order:
@@ -130,8 +134,48 @@ class Changes:
                 change = await self._start(tuple(sorted(set(sites))))
             except _Answer as answer:
                 return answer.outcome
-        await self._tell_everyone(change)  # the next rounds carry it on
-        return _changing(change.new.version)
+        refusal = await self._offer(change)
+        if refusal is None:
+            return _changing(change.new.version)
+        peers = self.peers
+        body = self._body(change, withdraw=True)
+        others = [s for s in peers.participants if s != peers.me]
+        async with self._lock:
+            if peers.withdraw(change):
+                peers.save()
+        for told in await asyncio.gather(
+            *(peers.call(s, "/internal/kv/change", body) for s in others), return_exceptions=True
+        ):
+            if isinstance(told, Exception):
+                log.warning("kv_withdraw_not_heard", error=str(told))
+        log.warning("kv_view_change_withdrawn", new=change.new, why=refusal.detail)
+        return refusal
+
+    async def _offer(self, change: membership.Change) -> Outcome | None:
+        """Offer the change just installed here to every other participant: None once each
+        took it, else why not (409: one holds another change or a newer view; 503: one did
+        not answer)."""
+        peers = self.peers
+        body = self._body(change)
+
+        async def offer(site: str) -> str | None:
+            try:
+                answer = await peers.call(site, "/internal/kv/change", body)
+            except PeerError as error:
+                return f"{error} ({'conflict' if error.status == 409 else 'no answer'})"
+            if int(answer.get("report", 0)) >= Report.DONE:
+                return f"{site} has a newer view"
+            peers.report(site, Report(int(answer["report"])))
+            return None
+
+        others = [s for s in peers.participants if s != peers.me]
+        failed = [why for why in await asyncio.gather(*(offer(s) for s in others)) if why]
+        if not failed:
+            return None
+        detail = f"the change was withdrawn, nothing changed: {'; '.join(failed)}"
+        if all(why.endswith("(no answer)") for why in failed):
+            return Outcome.refused(503, "UNAVAILABLE", detail)
+        return Outcome.refused(409, "CHANGE_IN_PROGRESS", detail)
 
     async def forget(self, sites: tuple[str, ...]) -> Outcome:
         """Forget one dead site (202 with the version the view will have), or say why not
@@ -233,6 +277,11 @@ class Changes:
         async with self._lock:
             if not peers.established:
                 raise Refused("this replicator has no view yet")
+            if body.get("withdraw"):
+                if peers.withdraw(change):
+                    peers.save()
+                    log.info("kv_view_change_withdrawn", new=change.new, by=sender)
+                return {"report": 0}
             if sender in peers.forgotten:
                 raise Refused(f"site {sender} was forgotten")
             if peers.forget({str(s) for s in body.get("forgotten", ())}):
@@ -303,21 +352,27 @@ class Changes:
         self.peers.save()
         log.info("kv_view_change_step", report=report.name, change=self.peers.change)
 
-    async def _tell_everyone(self, change: membership.Change) -> None:
+    def _body(self, change: membership.Change, withdraw: bool = False) -> dict[str, Any]:
+        """What this site tells a participant about `change`: its report, the participants,
+        the URLs and forgotten sites it knows (or that the change is withdrawn)."""
         peers = self.peers
-        body = {
+        return {
             "site": peers.me,
             "change": membership.encode_change(change),
             "participants": list(peers.participants),
             "sites": {**peers.sites, **({peers.me: peers.url} if peers.url else {})},
             "forgotten": sorted(peers.forgotten),
+            "report": int(peers.reports.get(peers.me, Report.INSTALLED)),
+            **({"withdraw": True} if withdraw else {}),
         }
+
+    async def _tell_everyone(self, change: membership.Change) -> None:
+        peers = self.peers
+        body = self._body(change)
 
         async def tell(site: str) -> bool:
             try:
-                answer = await peers.call(
-                    site, "/internal/kv/change", {**body, "report": int(peers.reports[peers.me])}
-                )
+                answer = await peers.call(site, "/internal/kv/change", body)
                 peers.report(site, Report(int(answer["report"])))
             except (PeerError, KeyError, ValueError):
                 return False

@@ -47,6 +47,11 @@ _JSON = {"content-type": "application/json"}
 class PeerError(Exception):
     """A peer did not answer, or answered with an error."""
 
+    def __init__(self, detail: str, status: int | None = None) -> None:
+        super().__init__(detail)
+        self.status = status
+        """The HTTP status of a refusal (a 4xx: the peer is up and said no), else None."""
+
 
 class Peers:
     def __init__(
@@ -292,6 +297,15 @@ class Peers:
         log.warning("kv_sites_forgotten", sites=sorted(new))
         return True
 
+    def withdraw(self, change: Change) -> bool:
+        """Drop `change` if it is the one held here and this site did nothing for it yet (its
+        start was refused elsewhere); True if it was dropped."""
+        held = self.change
+        if held is None or held.new != change.new or self.reports[self.me] > Report.INSTALLED:
+            return False
+        self.change, self.participants, self.reports, self.pulled = None, (), {}, {}
+        return True
+
     def report(self, site: str, report: Report) -> None:
         if report > self.reports.get(site, 0):
             self.reports[site] = report
@@ -374,7 +388,7 @@ class Peers:
             raise PeerError(f"{site}: HTTP {response.status_code}")
         self.mark_up(site)
         if response.status_code >= 400:
-            raise PeerError(f"{site}: refused: {response.text[:200]}")
+            raise PeerError(f"{site}: refused: {response.text[:200]}", response.status_code)
         return response.json()
 
     async def get(self, site: str, path: str) -> Any:
