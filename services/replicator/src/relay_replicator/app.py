@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from fastapi import FastAPI
+from starlette.applications import Starlette
 
 from relay_bus import ping, schemas, topics
 from relay_bus.bus import Bus
@@ -42,7 +42,7 @@ def _wall_clock(offset_ms: int) -> Callable[[], int]:
     return now_ms
 
 
-def build(config: ReplicatorSettings) -> tuple[FastAPI, BusLifecycle]:
+def build(config: ReplicatorSettings) -> tuple[Starlette, BusLifecycle]:
     readiness = Readiness("store")
     bus = Bus(config.kafka, client_id=f"{SERVICE}-{config.instance}", readiness=readiness)
     forward = ping.forwarder(bus, SERVICE, config.instance, topics.INGRESS_INBOX)
@@ -107,15 +107,14 @@ def build(config: ReplicatorSettings) -> tuple[FastAPI, BusLifecycle]:
         await peers.stop()
         await store.close()
 
-    app = FastAPI(
-        title="Relay replicator",
+    app = Starlette(
         routes=[
             *probe_routes(readiness),
             *routes.internal(site, peers, store, sync, consumer.held, coordinator, changes, token),
+            *replica.routes(local, token, sync),
         ],
     )
     app.state.kv = (store, coordinator, handoff, sync)
-    replica.install(app, local, token, sync)
     lifecycle = BusLifecycle(
         bus,
         config.startup_timeout_s,

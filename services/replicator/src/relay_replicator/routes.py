@@ -13,7 +13,6 @@ response body; a malformed body is answered 400 and changes nothing.
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import Callable
 
 from starlette.requests import Request
@@ -25,7 +24,7 @@ from relay_kv import clock
 from relay_replicator.changes import Changes
 from relay_replicator.coordinator import Coordinator
 from relay_replicator.peers import Peers
-from relay_replicator.replica import Refused
+from relay_replicator.replica import Refused, authorized
 from relay_replicator.store import KvStore
 from relay_replicator.sync import Sync
 
@@ -41,8 +40,7 @@ def internal(
     token: str | None,
 ) -> list[BaseRoute]:
     def allowed(request: Request) -> bool:
-        presented = request.headers.get("authorization", "").encode()
-        return token is None or hmac.compare_digest(presented, f"Bearer {token}".encode())
+        return authorized(request, token)
 
     async def status(_: Request) -> JSONResponse:
         """Its site, view, the partitions it coordinates, hints held, anti-entropy passes."""
