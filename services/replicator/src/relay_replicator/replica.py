@@ -173,7 +173,14 @@ def routes(replica: LocalReplica, token: str | None, sync: Any) -> list[BaseRout
         if "shard" in body:  # a peer of the version that asked one shard at a time
             rows = sync.keys(int(body["n"]), [int(body["shard"])])["keys"]
             return {"keys": [row[1:] for row in rows]}
-        result: dict[str, Any] = sync.keys(int(body["n"]), [int(s) for s in body["shards"]])
+        after = body.get("after")
+        limit = body.get("limit")
+        result: dict[str, Any] = sync.keys(
+            int(body["n"]),
+            [int(s) for s in body["shards"]],
+            None if after is None else (int(after[0]), str(after[1]), str(after[2])),
+            None if limit is None else max(1, min(int(limit), 100_000)),
+        )
         return result
 
     return [

@@ -4,7 +4,9 @@ tombstones that every replica is known to hold are purged.
 Every `interval_s`, for each replication factor n this site stores and each peer: the shards the
 two share (both among the n home replicas) are compared group by group (XOR of shard hashes per
 group), then shard by shard in the groups that differ, then key by key in the shards that differ
-(`shards_per_call` shards listed per call). A differing key is pulled (the peer's value merged
+(`shards_per_call` shards per listing, listed a page of `keys_per_call` keys at a time, each
+page compared with this site's keys of the same range, so a very large shard costs pages, not
+one answer holding every key). A differing key is pulled (the peer's value merged
 here) and pushed (the merge written to the peer): both then hold the join. A pass that compared
 every shared shard records when it started (`KvStore.mark_synced`); a shard is synced as of the
 oldest such time among its other home replicas, which the GC guard
@@ -18,7 +20,8 @@ are exchanged in batches of `batch` (the throttle: one read and one write call p
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import itertools
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import structlog
@@ -48,6 +51,7 @@ class Sync:
         gc_guard: bool = True,
         batch: int = 500,
         shards_per_call: int = 1024,
+        keys_per_call: int = 10_000,
     ) -> None:
         self.replicas = replicas
         self.store = replicas.local.store
@@ -57,6 +61,8 @@ class Sync:
         self.gc_guard = gc_guard
         self.batch = batch
         self.shards_per_call = shards_per_call
+        self.keys_per_call = keys_per_call
+        """Rows of a peer's key listing per call (a large shard is listed in pages)."""
         self._home: dict[tuple[int, int], tuple[str, ...]] = {}
         self._home_view = 0
         self._groups: dict[tuple[int, str], tuple[tictac.Tree, tuple[int, int], dict[str, Any]]]
@@ -119,15 +125,31 @@ class Sync:
             }
         }
 
-    def keys(self, n: int, shards: list[int]) -> dict[str, Any]:
-        """Every key of `shards` with its hash, as [shard, namespace, key, hash] rows."""
-        return {
-            "keys": [
-                [shard, ns, key, f"{tictac.key_hash(ns, key, raw):016x}"]
-                for shard in shards
-                for ns, key, raw in self.store.shard_keys(n, shard)
-            ]
-        }
+    def keys(
+        self,
+        n: int,
+        shards: list[int],
+        after: tuple[int, str, str] | None = None,
+        limit: int | None = None,
+    ) -> dict[str, Any]:
+        """The keys of `shards` after `after` (shard, namespace, key) with their hashes, as
+        [shard, namespace, key, hash] rows in (shard, namespace, key) order: at most `limit`,
+        with `more` when some are left (the next page starts after the last row)."""
+        rows = self._rows(n, shards, after)
+        page = list(itertools.islice(rows, limit)) if limit is not None else list(rows)
+        more = limit is not None and next(rows, None) is not None
+        return {"keys": [list(row) for row in page], "more": more}
+
+    def _rows(
+        self, n: int, shards: list[int], after: tuple[int, str, str] | None = None
+    ) -> Iterator[tuple[int, str, str, str]]:
+        for shard in sorted(shards):
+            if after is not None and shard < after[0]:
+                continue
+            for ns, key, raw in self.store.shard_keys(n, shard):
+                if after is not None and (shard, ns, key) <= after:
+                    continue
+                yield shard, ns, key, f"{tictac.key_hash(ns, key, raw):016x}"
 
     # -- one pass ------------------------------------------------------------------------------
 
@@ -175,13 +197,39 @@ class Sync:
     async def repair_shards(
         self, peer: str, n: int, shards: list[int], *, push: bool = True
     ) -> None:
-        """Make this site and `peer` hold the join of every key of `shards`: one listing of
-        the peer's keys for all of them, then pulls and pushes `batch` keys at a time (without
-        `push`, only pulls: this site then holds the join, the peer is left as it was)."""
-        asked = {"n": n, "shards": shards}
-        listed = (await self.peers.call(peer, "/internal/kv/tree/keys", asked))["keys"]
-        their_keys = {(shard, ns, key): h for shard, ns, key, h in listed}
-        my_keys = {(shard, ns, key): h for shard, ns, key, h in self.keys(n, shards)["keys"]}
+        """Make this site and `peer` hold the join of every key of `shards`: the peer's keys
+        listed a page of `keys_per_call` at a time, each page compared with this site's keys
+        of the same range, then pulls and pushes `batch` keys at a time (without `push`, only
+        pulls: this site then holds the join, the peer is left as it was)."""
+        after: tuple[int, str, str] | None = None
+        while True:
+            asked: dict[str, Any] = {"n": n, "shards": shards, "limit": self.keys_per_call}
+            if after is not None:
+                asked["after"] = list(after)
+            answer = await self.peers.call(peer, "/internal/kv/tree/keys", asked)
+            listed = answer["keys"]
+            # A peer of the version before paging lists everything at once, without `more`.
+            last = listed[-1] if answer.get("more") else None
+            upto = None if last is None else (int(last[0]), str(last[1]), str(last[2]))
+            their_keys = {(shard, ns, key): h for shard, ns, key, h in listed}
+            my_keys: dict[tuple[int, str, str], str] = {}
+            for shard, ns, key, h in self._rows(n, shards, after):
+                if upto is not None and (shard, ns, key) > upto:
+                    break
+                my_keys[(shard, ns, key)] = h
+            await self._repair_keys(peer, n, their_keys, my_keys, push)
+            if upto is None:
+                return
+            after = upto
+
+    async def _repair_keys(
+        self,
+        peer: str,
+        n: int,
+        their_keys: dict[tuple[int, str, str], str],
+        my_keys: dict[tuple[int, str, str], str],
+        push: bool,
+    ) -> None:
         differ = sorted(
             k for k in set(my_keys) | set(their_keys) if my_keys.get(k) != their_keys.get(k)
         )
