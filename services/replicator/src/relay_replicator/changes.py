@@ -398,7 +398,8 @@ class Changes:
         me = peers.me
         old_sites = [s for s in change.old.sites if s != me]
         held: dict[str, dict[int, set[int]]] = {}
-        for site in (s for s in old_sites if s not in peers.forgotten):  # (missing, below)
+        # A forgotten site is not asked: it counts as a missing old replica below.
+        for site in (s for s in old_sites if s not in peers.forgotten):
             with contextlib.suppress(PeerError, KeyError, ValueError):
                 answer = await peers.call(site, "/internal/kv/tree/held", {})
                 held[site] = {int(n): set(s) for n, s in answer["classes"].items()}
