@@ -150,6 +150,39 @@ async def test_fixed_consumer_commits_and_resumes_after_handled_records(kafka: K
     assert seen == [f"p{n}" for n in range(8)]
 
 
+async def test_a_client_that_began_past_its_start_offset_is_sought_back(kafka: Kafka) -> None:
+    """aiokafka may apply a group's committed offset after the seek to `start_offsets` (the
+    archiver once archived a file claiming offsets it never read). Emulated here by moving the
+    client's position before the first fetch: the first record read gives it away, and reading
+    starts again where it was sought."""
+    seen: list[str] = []
+
+    async def handler(received: Received) -> None:
+        assert isinstance(received.record, schemas.Ping)
+        seen.append(received.record.id)
+
+    async def start_offsets(partitions: list[int]) -> dict[int, int]:
+        return dict.fromkeys(partitions, 0)
+
+    settings = _settings(kafka)
+    producer_bus = Bus(settings, client_id="producer", readiness=Readiness())
+    await producer_bus.start(5)
+    for n in range(8):
+        await producer_bus.send(topics.QUEUE_COMMANDS, _ping(n), partition=2)
+    await producer_bus.stop()
+    bus = Bus(settings, client_id="c", readiness=Readiness())
+    consumer = bus.consumer(
+        topics.QUEUE_COMMANDS, handler, group_id="g", partitions=[2], start_offsets=start_offsets
+    )
+    await bus.start(5)
+    assert consumer._consumer is not None
+    consumer._consumer.seek(clients.TopicPartition(bus.physical(topics.QUEUE_COMMANDS), 2), 4)
+    await _eventually(lambda: len(seen) >= 8)
+    await asyncio.sleep(0.3)
+    await bus.stop()
+    assert seen == [f"p{n}" for n in range(8)]
+
+
 async def test_failing_handler_is_retried_and_unreadable_records_are_skipped(kafka: Kafka) -> None:
     settings = _settings(kafka)
     bus = Bus(settings, client_id="t", readiness=Readiness())

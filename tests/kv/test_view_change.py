@@ -191,6 +191,34 @@ def cold(client: kvc.Client, prefix: str, count: int = 60) -> Load:
     return written
 
 
+def with_a_candidate(running: kvc.Cluster) -> tuple[kvc.Client, list[kvc.Replicator], Load]:
+    """The namespace, a third replicator C started (a candidate of the view of A and B) and
+    keys written before any change: (client, [A, B, C], those keys)."""
+    client = start(running)
+    replicators = [running.replicators["A"], running.replicators["B"], running.add("C")]
+    return client, replicators, cold(client, "cold-")
+
+
+def check_nothing_lost(
+    running: kvc.Cluster, client: kvc.Client, load: Load, before: Load, sites: list[str]
+) -> None:
+    """No read went back, writes got through, and every acknowledged write (and every key
+    written before the change) is on its home replicas among `sites` and read back."""
+    assert not load.violations, load.violations[:10]
+    assert load.answers["put 200"] > 10, load.answers
+    check_held(running, before, sites)
+    check_held(running, load, sites)
+    check_reads(client, load)
+
+
+def join_then_kill(running: kvc.Cluster, sites: list[str]) -> None:
+    """After 2 s of load, the join of C to `sites` is accepted, then C is SIGKILLed."""
+    time.sleep(2)
+    joined = admin(running, "PUT", "/ds/storages/kv/replicas", sites)
+    assert joined.status_code == 202, joined.text
+    running.kill("C")
+
+
 def test_a_site_joins_then_one_leaves_while_clients_write_and_read(
     tmp_path: Path, kafka: helpers.Kafka, redis_url: str
 ) -> None:
@@ -272,16 +300,10 @@ def test_a_replicator_killed_mid_change_resumes_it_and_one_started_meanwhile_tak
 ) -> None:
     env = {**QUIET, "RELAY_REQUEST_TIMEOUT_S": "20"}
     with kvc.cluster(tmp_path, kafka, redis_url, names=("A", "B"), **env) as running:
-        client = start(running)
-        a, b = running.replicators["A"], running.replicators["B"]
-        c = running.add("C")
-        before = cold(client, "cold-")
+        client, (a, b, c), before = with_a_candidate(running)
         three = [a.site, b.site, c.site]
         with Load(running.ingress_url, client.token) as load:
-            time.sleep(2)
-            joined = admin(running, "PUT", "/ds/storages/kv/replicas", three)
-            assert joined.status_code == 202, joined.text
-            running.kill("C")  # SIGKILL: the change cannot finish without C's reports
+            join_then_kill(running, three)  # the change cannot finish without C's reports
             on_disk = members_file(c)
             assert on_disk["change"]["new"] == {"version": 2, "sites": sorted(three)}
             other = admin(running, "PUT", "/ds/storages/kv/replicas", [a.site, b.site])
@@ -299,11 +321,7 @@ def test_a_replicator_killed_mid_change_resumes_it_and_one_started_meanwhile_tak
                 lambda: finished(running, 2, three), 60, "the join finished after C's restart"
             )
             time.sleep(1)
-        assert not load.violations, load.violations[:10]
-        assert load.answers["put 200"] > 10, load.answers
-        check_held(running, before, three)
-        check_held(running, load, three)
-        check_reads(client, load)
+        check_nothing_lost(running, client, load, before, three)
         assert members_file(d)["view"] == {"version": 2, "sites": sorted(three)}
 
 
@@ -317,16 +335,10 @@ def test_a_dead_joiner_is_forgotten_and_the_change_ends_without_it(
     `tests/api/test_ds.py`'s: with no retainer here, the ingress cannot rule one out.)"""
     env = {**QUIET, "RELAY_REQUEST_TIMEOUT_S": "20"}
     with kvc.cluster(tmp_path, kafka, redis_url, names=("A", "B"), **env) as running:
-        client = start(running)
-        a, b = running.replicators["A"], running.replicators["B"]
-        c = running.add("C")
-        before = cold(client, "cold-")
+        client, (a, b, c), before = with_a_candidate(running)
         two, three = [a.site, b.site], [a.site, b.site, c.site]
         with Load(running.ingress_url, client.token) as load:
-            time.sleep(2)
-            joined = admin(running, "PUT", "/ds/storages/kv/replicas", three)
-            assert joined.status_code == 202, joined.text
-            running.kill("C")
+            join_then_kill(running, three)
             time.sleep(2)
             assert storage(running)["change"]["sites"] == sorted(three)  # waiting for C
 
@@ -344,11 +356,7 @@ def test_a_dead_joiner_is_forgotten_and_the_change_ends_without_it(
                 lambda: finished(running, 3, two, dead=("C",)), 60, "C dropped from the view"
             )
             time.sleep(1)
-        assert not load.violations, load.violations[:10]
-        assert load.answers["put 200"] > 10, load.answers
-        check_held(running, before, two)
-        check_held(running, load, two)
-        check_reads(client, load)
+        check_nothing_lost(running, client, load, before, two)
         for replicator in (a, b):
             assert members_file(replicator)["forgotten"] == [c.site]
             assert members_file(replicator)["view"] == {"version": 3, "sites": sorted(two)}

@@ -18,7 +18,9 @@ Invariants:
 - `reassign()` (fixed partitions only) returns once no record of a dropped partition is being
   handled or will be handed on (fetched ones are discarded), after committing what was handled;
 - with `start_offsets`, reading starts where it says, on every assignment (fixed partitions at
-  start, a group's partitions at each rebalance) and again after the broker lost its log;
+  start, a group's partitions at each rebalance) and again after the broker lost its log; the
+  first record read is checked against it, and a client that began elsewhere (its committed
+  offset, fetched after the seek) is sought again before anything is handed on;
   without it, from the committed offset (then the earliest), and from offset 0 after a loss.
 """
 
@@ -152,6 +154,9 @@ class Consumer:
         self._stopping = asyncio.Event()
         self._reset_requested = False
         self._handled: dict[clients.TopicPartition, int] = {}
+        self._sought: dict[clients.TopicPartition, tuple[int, bool]] = {}
+        """Partitions sought to a start offset whose first record is not checked yet: the
+        offset, and whether it was sought again once already."""
         self._committing: asyncio.Task[None] | None = None
         self._next_commit = 0.0
         self._handling = asyncio.Lock()
@@ -211,7 +216,9 @@ class Consumer:
         if self.start_offsets is None or self._consumer is None or not partitions:
             return
         for partition, offset in (await self.start_offsets(partitions)).items():
-            self._consumer.seek(clients.TopicPartition(self.physical_topic, partition), offset)
+            tp = clients.TopicPartition(self.physical_topic, partition)
+            self._consumer.seek(tp, offset)
+            self._sought[tp] = (offset, False)
 
     async def reassign(self, partitions: Sequence[int]) -> None:
         """Read `partitions` from now on (a consumer on fixed partitions). A dropped partition is
@@ -280,6 +287,8 @@ class Consumer:
     async def _handle_records(self, tp: clients.TopicPartition, records: list[object]) -> None:
         """Hand `records` of one partition on in order, up to a failed one (read again after a
         back-off) or until the partition is reassigned away."""
+        if records and not self._at_start(tp, getattr(records[0], "offset")):  # noqa: B009
+            return
         for message in records:
             async with self._handling:
                 if self.partitions is not None and tp.partition not in self.partitions:
@@ -290,6 +299,30 @@ class Consumer:
             if not handled:
                 await asyncio.sleep(RETRY_BACKOFF_S)
                 return
+
+    def _at_start(self, tp: clients.TopicPartition, first: int) -> bool:
+        """Whether the first record read since `tp` was sought is where it was sought: a group
+        client may start at its committed offset instead, when that fetch completes after the
+        seek (aiokafka), and a reader that keeps its own resume point (the archiver) must not
+        skip what lies between. Sought again once; a second miss is taken as the log's start
+        (records removed by retention)."""
+        sought = self._sought.pop(tp, None)
+        if sought is None or first == sought[0]:
+            return True
+        offset, again = sought
+        log.warning(
+            "consumer_start_missed",
+            topic=self.topic,
+            partition=tp.partition,
+            sought=offset,
+            read=first,
+            again=again,
+        )
+        if again or self._consumer is None:
+            return True
+        self._consumer.seek(tp, offset)
+        self._sought[tp] = (offset, True)
+        return False
 
     def _commit_when_due(self) -> None:
         """Start a background commit if the interval has passed and none is under way."""
