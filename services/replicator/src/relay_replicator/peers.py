@@ -261,7 +261,7 @@ class Peers:
         self.forgotten |= {str(s) for s in other.get("forgotten", ()) if s != self.me}
         raw = other.get("change")
         if raw is None:
-            self.change, self.participants, self.reports, self.pulled = None, (), {}, {}
+            self._clear_change()
         else:
             change = membership.decode_change(raw)
             self.install(change.old, change, tuple(other.get("participants", ())), {})
@@ -283,6 +283,9 @@ class Peers:
         """The change is over everywhere: its new view is the view."""
         if self.change is not None:
             self.view = self.change.new
+        self._clear_change()
+
+    def _clear_change(self) -> None:
         self.change, self.participants, self.reports, self.pulled = None, (), {}, {}
 
     def forget(self, sites: set[str]) -> bool:
@@ -303,7 +306,7 @@ class Peers:
         held = self.change
         if held is None or held.new != change.new or self.reports[self.me] > Report.INSTALLED:
             return False
-        self.change, self.participants, self.reports, self.pulled = None, (), {}, {}
+        self._clear_change()
         return True
 
     def report(self, site: str, report: Report) -> None:
