@@ -123,7 +123,6 @@ class Consumer:
         on_revoked: Revoked | None = None,
         member: str | None = None,
         on_unreadable: UnreadableHandler | None = None,
-        on_assigned: Callable[[bool], None] | None = None,
     ) -> None:
         if partitions is None and group_id is None:
             raise ValueError("a group consumer needs a group_id")
@@ -145,7 +144,7 @@ class Consumer:
         under the same name within the session timeout gets its partitions back without a
         rebalance (a killed one is not waited for until its session expires); the cost, a
         stopped member's partitions wait for that timeout (a static member does not leave)."""
-        self.on_assigned = on_assigned
+        self.on_assigned: Callable[[bool], None] | None = None
         """Told each change of `assigned` as it happens (the bus's readiness: a group member
         is ready the moment its partitions are, not at the next periodic check)."""
         self._assigned = False

@@ -39,9 +39,6 @@ def internal(
     changes: Changes,
     token: str | None,
 ) -> list[BaseRoute]:
-    def allowed(request: Request) -> bool:
-        return authorized(request, token)
-
     async def status(_: Request) -> JSONResponse:
         """Its site, view, the partitions it coordinates, hints held, anti-entropy passes."""
         return JSONResponse(
@@ -57,7 +54,7 @@ def internal(
         )
 
     async def coordinate(request: Request) -> JSONResponse:
-        if not allowed(request):
+        if not authorized(request, token):
             return JSONResponse({"error": "FORBIDDEN", "detail": "admin token"}, status_code=403)
         try:
             kv_request = schemas.KvRequest.model_validate_json(await request.body())
@@ -80,12 +77,12 @@ def internal(
         return JSONResponse({"error": "BAD_REQUEST", "detail": detail}, status_code=400)
 
     async def members(request: Request) -> JSONResponse:
-        if not allowed(request):
+        if not authorized(request, token):
             return forbidden()
         return JSONResponse(await changes.describe())
 
     async def announce(request: Request) -> JSONResponse:
-        if not allowed(request):
+        if not authorized(request, token):
             return forbidden()
         try:
             body = await request.json()
@@ -98,7 +95,7 @@ def internal(
         return JSONResponse({"site": site})
 
     async def change(request: Request) -> JSONResponse:
-        if not allowed(request):
+        if not authorized(request, token):
             return forbidden()
         try:
             answer = await changes.receive(await request.json())

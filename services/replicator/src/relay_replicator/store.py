@@ -178,10 +178,14 @@ class KvStore:
         assert raw is None or isinstance(raw, bytes)
         return raw
 
-    def shard_keys(self, n: int, shard: int) -> Iterator[tuple[str, str, bytes]]:
-        """(namespace, key, envelope) of every key of `shard` for replication factor `n`."""
+    def shard_keys(
+        self, n: int, shard: int, after: tuple[str, str] | None = None
+    ) -> Iterator[tuple[str, str, bytes]]:
+        """(namespace, key, envelope) of every key of `shard` for replication factor `n`, in
+        (namespace, key) order, after (namespace, key) `after` when given."""
         prefix = DATA + bytes([n]) + shard.to_bytes(2, "big")
-        for raw_key, value in self._range(prefix):
+        start = None if after is None else data_key(n, shard, *after) + b"\0"
+        for raw_key, value in self._range(prefix, start):
             namespace, _, key = raw_key[len(prefix) :].partition(b"\0")
             yield namespace.decode(), key.decode(), value
 

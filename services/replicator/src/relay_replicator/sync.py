@@ -146,9 +146,8 @@ class Sync:
         for shard in sorted(shards):
             if after is not None and shard < after[0]:
                 continue
-            for ns, key, raw in self.store.shard_keys(n, shard):
-                if after is not None and (shard, ns, key) <= after:
-                    continue
+            resume = after[1:] if after is not None and shard == after[0] else None
+            for ns, key, raw in self.store.shard_keys(n, shard, resume):  # sought, not walked
                 yield shard, ns, key, f"{tictac.key_hash(ns, key, raw):016x}"
 
     # -- one pass ------------------------------------------------------------------------------
