@@ -140,6 +140,7 @@ def main() -> None:
     parser.add_argument("--commands", default="250000,1000000")
     parser.add_argument("--partitions", type=int, default=8)
     parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--driver-memory", help="the Spark driver's heap (session's default)")
     parser.add_argument("--live", action="store_true", help="the archiver under queue load")
     parser.add_argument("--senders", type=int, default=64)
     parser.add_argument("--queues", type=int, default=1000)
@@ -155,7 +156,7 @@ def main() -> None:
     from relay_spark.session import session
 
     started = time.monotonic()
-    spark = session(args.master)
+    spark = session(args.master, driver_memory=args.driver_memory)
     summary: dict[str, object] = {"spark_session_s": round(time.monotonic() - started, 2)}
     for size in (int(n) for n in args.commands.split(",")):
         work = Path(tempfile.mkdtemp(prefix="archive-bench-"))

@@ -18,7 +18,7 @@ from relay_archive import export, layout, reader, report, rows, standing, tables
 from relay_archive.store import LocalStore
 from relay_bus import topics
 from relay_spark import jobs, main
-from relay_spark.session import session
+from relay_spark.session import DRIVER_MEMORY, session
 from relay_streams.model import shard_of
 from tests.spark import synthetic
 
@@ -78,6 +78,13 @@ def rebuilt(
     python_counts = jobs.rebuild_python(store, cut, out / "python")
     assert spark_counts == python_counts
     return out / "spark", out / "python", cut
+
+
+def test_the_driver_jvm_starts_with_the_sessions_heap(spark: SparkSession) -> None:
+    """Spark's 1g default ran a 20M-record rebuild out of heap: the JVM itself got the size."""
+    runtime = spark.sparkContext._jvm.java.lang.Runtime.getRuntime()  # type: ignore[union-attr]
+    assert DRIVER_MEMORY == "2g"
+    assert runtime.maxMemory() > 1.5 * 2**30
 
 
 def test_spark_rebuild_equals_the_plain_python_replay(

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -161,7 +162,9 @@ def _replay_stream_partition(
 
 def _write(spark: SparkSession, produced: Any, modes: dict[str, str], out: Path) -> dict[str, int]:
     """Each table's rows into `out/<table>/` (mode `overwrite`, or `append` to add a part)."""
-    produced = produced.cache()
+    # Read once per table: kept, spilling to local disk past the heap (MEMORY_ONLY, `cache()`,
+    # ran the driver out of heap at 20M archived records).
+    produced = produced.persist(StorageLevel.MEMORY_AND_DISK)
     written = {}
     for name, mode in modes.items():
         schema = spark_schema(tables.SCHEMAS[name])

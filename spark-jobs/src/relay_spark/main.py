@@ -78,6 +78,7 @@ def main(argv: list[str] | None = None) -> None:
         command.add_argument("--archive", required=True, help="archive folder or pyarrow.fs URI")
         command.add_argument("--engine", choices=["spark", "python"], default="spark")
         command.add_argument("--master", default="local[2]")
+        command.add_argument("--driver-memory", help="the Spark driver's heap (2g)")
         command.add_argument("--export", type=Path, required=name == "verify")
     rebuild_cmd = commands.choices["rebuild"]
     rebuild_cmd.add_argument("--epoch")
@@ -90,13 +91,14 @@ def main(argv: list[str] | None = None) -> None:
     audit_cmd.add_argument("--kafka", required=True, help="bootstrap servers HOST:PORT[,...]")
     audit_cmd.add_argument("--topic-prefix", default="", help="RELAY_KAFKA__TOPIC_PREFIX")
     audit_cmd.add_argument("--master", default="local[2]")
+    audit_cmd.add_argument("--driver-memory", help="the Spark driver's heap (2g)")
     args = parser.parse_args(argv)
 
     if "://" not in args.archive and not Path(args.archive).is_dir():
         _fail(f"--archive {args.archive}: no such folder")
     store = open_store(args.archive)
     if args.command == "audit":
-        _audit(store, args.kafka, args.topic_prefix, args.master)
+        _audit(store, args.kafka, args.topic_prefix, args.master, args.driver_memory)
     cut = _cut(store, args.export, getattr(args, "epoch", None))
     started = time.monotonic()
     if args.command == "rebuild":
@@ -107,7 +109,8 @@ def main(argv: list[str] | None = None) -> None:
         else:
             from relay_spark.session import session
 
-            counts = jobs.rebuild(session(args.master), store, cut, args.out)
+            spark = session(args.master, driver_memory=args.driver_memory)
+            counts = jobs.rebuild(spark, store, cut, args.out)
         print(json.dumps({"rebuilt": counts, "seconds": round(time.monotonic() - started, 3)}))
         return
     if not args.rebuilt.is_dir():
@@ -119,7 +122,8 @@ def main(argv: list[str] | None = None) -> None:
     else:
         from relay_spark.session import session
 
-        code, doc = jobs.verify_job(session(args.master), store, cut, args.rebuilt, args.export)
+        spark = session(args.master, driver_memory=args.driver_memory)
+        code, doc = jobs.verify_job(spark, store, cut, args.rebuilt, args.export)
     report.write(args.report, doc)
     print(
         json.dumps({"verdict": doc["verdict"], "counts": doc["counts"], "report": str(args.report)})
@@ -127,7 +131,9 @@ def main(argv: list[str] | None = None) -> None:
     raise SystemExit(code)
 
 
-def _audit(store: ArchiveStore, bootstrap: str, prefix: str, master: str) -> NoReturn:
+def _audit(
+    store: ArchiveStore, bootstrap: str, prefix: str, master: str, driver_memory: str | None
+) -> NoReturn:
     from py4j.protocol import Py4JJavaError
     from pyspark.errors import PySparkException
 
@@ -136,7 +142,9 @@ def _audit(store: ArchiveStore, bootstrap: str, prefix: str, master: str) -> NoR
 
     try:
         jars = audit.connector_jars()
-        code, doc = audit.run(session(master, jars=jars), store, bootstrap, prefix)
+        code, doc = audit.run(
+            session(master, jars=jars, driver_memory=driver_memory), store, bootstrap, prefix
+        )
     except audit.AuditError as error:
         _fail(str(error))
     except (Py4JJavaError, PySparkException) as error:  # one line, not a JVM trace

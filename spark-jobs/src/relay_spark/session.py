@@ -15,6 +15,10 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
+# Spark's own default (1g) is too small for a rebuild's cached rows at 20M archived records
+# (decision 0012); past the heap they spill to disk (`jobs._write`).
+DRIVER_MEMORY = "2g"
+
 
 def session(
     master: str = "local[2]",
@@ -22,9 +26,12 @@ def session(
     ui: bool = False,
     app: str = "relay",
     jars: Sequence[Path] = (),
+    driver_memory: str | None = None,
 ) -> SparkSession:
-    """`jars`: more jars for the driver and executors (the Kafka connector's); they count only
-    when this call creates the session."""
+    """`jars`: more jars for the driver and executors (the Kafka connector's); `driver_memory`:
+    the driver JVM's heap (`DRIVER_MEMORY` by default), which in local mode holds the
+    executors' cached blocks too. Both count only when this call creates the session (the JVM
+    starts with it)."""
     # Python workers are started by the JVM from PYSPARK_PYTHON (in local mode the
     # `spark.pyspark.python` setting is read only by spark-submit): this interpreter, so they
     # see this virtual environment's packages. The JVM inherits it when the session starts.
@@ -33,6 +40,7 @@ def session(
         SparkSession.builder.master(master)
         .appName(app)
         .config("spark.ui.enabled", str(ui).lower())
+        .config("spark.driver.memory", driver_memory or DRIVER_MEMORY)
         # Small archives and 2 cores: the default 200 shuffle partitions cost more than the work.
         .config("spark.sql.shuffle.partitions", "8")
         .config("spark.sql.session.timeZone", "UTC")
