@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:
         command.add_argument("--archive", required=True, help="archive folder or pyarrow.fs URI")
         command.add_argument("--engine", choices=["spark", "python"], default="spark")
         command.add_argument("--master", default="local[2]")
-        command.add_argument("--driver-memory", help="the Spark driver's heap (2g)")
+        command.add_argument("--driver-memory", help="the Spark driver's heap (4g)")
         command.add_argument("--export", type=Path, required=name == "verify")
     rebuild_cmd = commands.choices["rebuild"]
     rebuild_cmd.add_argument("--epoch")
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> None:
     audit_cmd.add_argument("--kafka", required=True, help="bootstrap servers HOST:PORT[,...]")
     audit_cmd.add_argument("--topic-prefix", default="", help="RELAY_KAFKA__TOPIC_PREFIX")
     audit_cmd.add_argument("--master", default="local[2]")
-    audit_cmd.add_argument("--driver-memory", help="the Spark driver's heap (2g)")
+    audit_cmd.add_argument("--driver-memory", help="the Spark driver's heap (4g)")
     args = parser.parse_args(argv)
 
     if "://" not in args.archive and not Path(args.archive).is_dir():

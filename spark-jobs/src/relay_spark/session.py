@@ -17,7 +17,7 @@ from pyspark.sql import SparkSession
 
 # Spark's own default (1g) is too small for a rebuild's cached rows at 20M archived records
 # (decision 0012); past the heap they spill to disk (`jobs._write`).
-DRIVER_MEMORY = "2g"
+DRIVER_MEMORY = "4g"
 
 
 def session(
