@@ -18,7 +18,7 @@ import asyncio
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +41,8 @@ MOVED = 1
 SEND_INTERVAL_S = 0.02
 LOAD_QUEUES = 4
 PER_QUEUE = 120
+CALL_TIMEOUT_S = 30.0
+"""Of each hand-off call (`bench/handoff_bench.py` raises it for its large partitions)."""
 
 
 def _env(kafka: helpers.Kafka, data_dir: Path, ordinal: int) -> dict[str, str]:
@@ -55,7 +57,7 @@ def _env(kafka: helpers.Kafka, data_dir: Path, ordinal: int) -> dict[str, str]:
 
 
 @contextmanager
-def _one_then_two(kafka: helpers.Kafka, root: Path) -> Iterator[tuple[str, str]]:
+def one_then_two(kafka: helpers.Kafka, root: Path) -> Iterator[tuple[str, str]]:
     """A pool of one queue-writer (generation 1: every partition on ordinal 0) and a second
     one, started after it, owning nothing: the state before a scale from 1 to 2."""
     with ExitStack() as stack:
@@ -69,7 +71,7 @@ def _one_then_two(kafka: helpers.Kafka, root: Path) -> Iterator[tuple[str, str]]
 
 
 def _call(method: str, url: str, body: Any = None) -> httpx.Response:
-    return httpx.request(method, url, json=body, headers=AUTH, timeout=30)
+    return httpx.request(method, url, json=body, headers=AUTH, timeout=CALL_TIMEOUT_S)
 
 
 def _ok(response: httpx.Response) -> dict[str, Any]:
@@ -120,6 +122,8 @@ class Moved:
     prefetch_s: float
     steps_s: dict[str, float] = field(default_factory=dict)
     """Within the pause: the source's pause (its install), the catch-up, the commit."""
+    carried: dict[str, Any] = field(default_factory=dict)
+    """What the catch-up carried: `queues`, `deleted`, and `whole` (False: the changes only)."""
 
 
 def move(
@@ -129,6 +133,7 @@ def move(
     before: list[int],
     generation: int,
     budget_s: float = 2.0,
+    after_prefetch: Callable[[], None] = lambda: None,
 ) -> Moved:
     """Move `partition` from `source` to `target` (the operator's part, see the docstring)."""
     after = list(before)
@@ -137,6 +142,7 @@ def move(
     _pull(target, "prefetch", source, partition)  # the source keeps serving
     prefetch_s = time.monotonic() - started
     _one_owner(source, target)
+    after_prefetch()
 
     assignment = {"generation": generation, "partitions": PARTITIONS, "replicas": 2}
     paused = time.monotonic()
@@ -151,7 +157,8 @@ def move(
     fenced = time.monotonic()
     assert not at_pause["serving"], at_pause
     source_digest = at_pause["digest"]
-    target_digest = _pull(target, "catch-up", source, partition)["digest"]
+    caught_up = _pull(target, "catch-up", source, partition)
+    target_digest, carried = caught_up["digest"], caught_up["carried"]
     copied = time.monotonic()
     steps = {"pause": fenced - paused, "catch_up": copied - fenced}
     pause_s = copied - paused
@@ -162,7 +169,7 @@ def move(
         _install(target, generation + 1, before)
         _ok(_call("DELETE", f"{target}/internal/partitions/{partition}"))
         pause_s = time.monotonic() - paused
-        return Moved(False, pause_s, source_digest, target_digest, prefetch_s, steps)
+        return Moved(False, pause_s, source_digest, target_digest, prefetch_s, steps, carried)
     taken = _install(target, generation, after)  # commit
     steps["commit"] = time.monotonic() - copied
     pause_s = time.monotonic() - paused
@@ -170,7 +177,7 @@ def move(
     _one_owner(source, target)
     assert _digest(source, partition) == source_digest  # nothing changed it after the pause
     _ok(_call("DELETE", f"{source}/internal/partitions/{partition}"))  # release
-    return Moved(True, pause_s, source_digest, target_digest, prefetch_s, steps)
+    return Moved(True, pause_s, source_digest, target_digest, prefetch_s, steps, carried)
 
 
 @dataclass
@@ -291,7 +298,7 @@ class Load:
         return not self.done.is_set()
 
 
-def _bodies(url: str, partition: int) -> dict[str, list[str]]:
+def bodies(url: str, partition: int) -> dict[str, list[str]]:
     """Each queue's message bodies on the partition at `url`, in order."""
     state = ps.from_json(_export(url, partition))
     return {q.record.recipient_id: [m.body.decode() for m in q.messages] for q in state.queues}
@@ -300,7 +307,7 @@ def _bodies(url: str, partition: int) -> dict[str, list[str]]:
 def test_a_partition_moves_from_one_instance_to_two_under_load(
     kafka: helpers.Kafka, tmp_path: Path
 ) -> None:
-    with _one_then_two(kafka, tmp_path) as (a, b):
+    with one_then_two(kafka, tmp_path) as (a, b):
         assert _serving(a, b) == [[0, 1, 2, 3], []]
         load = Load(kafka)
         load.start(MOVED)
@@ -314,21 +321,56 @@ def test_a_partition_moves_from_one_instance_to_two_under_load(
         )
         assert moved.committed, moved
         assert moved.source_digest == moved.target_digest
+        # The catch-up carried only the queues the load changed since the prefetch.
+        assert moved.carried["whole"] is False, moved.carried
+        assert moved.carried["queues"] <= LOAD_QUEUES, moved.carried
         time.sleep(1.0)
         acknowledged = load.finish()
 
         assert _serving(a, b) == [[0, 2, 3], [1]]
         assert sum(map(len, acknowledged.values())) == len(load.sent) > 20  # every one 201
+        # The target's digest, from its watch through the commands it served since the
+        # commit, is a whole collection's.
+        assert _digest(b, MOVED) == _export(b, MOVED)["digest"]
         # Every acknowledged message is on the target, in the order sent, and nothing else.
-        assert _bodies(b, MOVED) == acknowledged
+        assert bodies(b, MOVED) == acknowledged
         # The source forgot its copy (release): the empty partition's digest.
         assert _digest(a, MOVED) == ps.digest(ps.empty(MOVED, PARTITIONS))
+
+
+def test_a_catch_up_over_a_state_not_the_prefetched_one_pulls_the_whole_partition(
+    kafka: helpers.Kafka, tmp_path: Path
+) -> None:
+    """The changes since the prefetch, installed over anything else (here an older state put
+    back under the prefetch's name), do not give the source's digest: the target pulls the
+    whole partition, and the move commits with equal digests, losing nothing."""
+    with one_then_two(kafka, tmp_path) as (a, b):
+        load = Load(kafka)
+        load.start(MOVED)
+        time.sleep(0.3)
+        older = _export(a, MOVED)
+        time.sleep(0.5)
+
+        def put_back_the_older_state() -> None:
+            token = _export(a, MOVED)["since"]  # the source's watch, as a prefetch leaves it
+            _import(b, {**older, "since": token})
+
+        moved = move(
+            a, b, MOVED, [0, 0, 0, 0], generation=2, after_prefetch=put_back_the_older_state
+        )
+        assert moved.committed, moved
+        assert moved.source_digest == moved.target_digest
+        assert moved.carried["whole"] is True, moved.carried
+        assert moved.carried["differed"] is not None, moved.carried  # the changes came first
+        acknowledged = load.finish()
+        assert sum(map(len, acknowledged.values())) == len(load.sent) > 10
+        assert bodies(b, MOVED) == acknowledged
 
 
 def test_a_pause_past_its_budget_rolls_back_and_the_source_serves_again(
     kafka: helpers.Kafka, tmp_path: Path
 ) -> None:
-    with _one_then_two(kafka, tmp_path) as (a, b):
+    with one_then_two(kafka, tmp_path) as (a, b):
         load = Load(kafka)
         load.start(MOVED)
         time.sleep(0.5)
@@ -342,14 +384,14 @@ def test_a_pause_past_its_budget_rolls_back_and_the_source_serves_again(
         assert _serving(a, b) == [[0, 1, 2, 3], []]
         assert _ok(_call("GET", f"{b}/internal/ownership"))["generation"] == 3
         assert sum(map(len, acknowledged.values())) == len(load.sent) > 10
-        assert _bodies(a, MOVED) == acknowledged
+        assert bodies(a, MOVED) == acknowledged
         assert _digest(b, MOVED) == ps.digest(ps.empty(MOVED, PARTITIONS))
 
 
 def test_bad_hand_off_requests_are_refused_and_change_nothing(
     kafka: helpers.Kafka, tmp_path: Path
 ) -> None:
-    with _one_then_two(kafka, tmp_path) as (a, b):
+    with one_then_two(kafka, tmp_path) as (a, b):
         load = Load(kafka)
         load.start(MOVED)
         load.finish()
@@ -394,6 +436,12 @@ def test_bad_hand_off_requests_are_refused_and_change_nothing(
                 409,
                 "PARTITION_SERVED",
             ),
+            # changes are carried by a catch-up, never imported
+            (
+                _call("PUT", f"{url}/import", {**good, "changes": True, "deleted": []}),
+                400,
+                "BAD_STATE",
+            ),
             # a pause must take the partition from the instance paused
             (_call("POST", f"{a}/internal/partitions/{MOVED}/pause", stay), 400, "NOT_A_MOVE"),
             (_call("POST", f"{url}/pause", {"generation": 2}), 400, "BAD_ASSIGNMENT"),
@@ -402,5 +450,9 @@ def test_bad_hand_off_requests_are_refused_and_change_nothing(
             assert (response.status_code, response.json()["error"]) == (status, code), response.text
         assert (_digest(a, MOVED), _digest(b, MOVED), _serving(a, b)) == before
         assert _ok(_call("GET", f"{a}/internal/ownership"))["generation"] == 1
+        # Changes since a name the instance does not hold: the whole state.
+        unknown = _ok(_call("GET", f"{a}/internal/partitions/{MOVED}/export?since=nobody"))
+        assert "changes" not in unknown
+        assert unknown["digest"] == before[0]
         # The same import twice gives the same state (idempotent).
         assert _import(b, good)["digest"] == good["digest"] == _import(b, good)["digest"]

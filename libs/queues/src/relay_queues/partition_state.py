@@ -18,7 +18,11 @@ Invariants:
   partition's queues on the target as a whole: installing the same state twice gives the same
   state (the digest after it equals the source's), and queues of other partitions are not
   touched;
-- `from_json` refuses anything malformed with `ValueError` before `install` changes anything.
+- `from_json` refuses anything malformed with `ValueError` before `install` changes anything;
+- `Changes` (the queues changed since a whole state was taken, `relay_queues.partition_watch`)
+  installed over that whole state give the state it was taken from; their `digest` is of the
+  whole partition, so it is checked against the target's digest after the install, not
+  against what they carry.
 
 Send keys (`relay_journal.keys`) are not carried: a producer retry of a SEND stored before the
 move, reaching the new owner, is stored again (decision 0019, still to do).
@@ -27,7 +31,7 @@ move, reaching the new owner, is stored again (decision 0019, still to do).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,7 +75,7 @@ def _field(data: bytes) -> bytes:
     return len(data).to_bytes(8, "big") + data
 
 
-def _queue_digest(queue: QueueState) -> bytes:
+def queue_digest(queue: QueueState) -> bytes:
     h = hashlib.sha256()
     for value in queue.record:
         h.update(_field(str(value).encode()))
@@ -86,16 +90,24 @@ def _queue_digest(queue: QueueState) -> bytes:
     return h.digest()
 
 
-def digest(state: PartitionState) -> str:
-    """SHA-256 hex of the partition's state, whatever the order of `state.queues`."""
+def whole_digest(partition: int, partitions: int, mark: str, per_queue: Iterable[bytes]) -> str:
+    """SHA-256 hex of a partition's state from its mark and its queues' `queue_digest`s, in
+    any order."""
     h = hashlib.sha256(b"relay-partition-state/1\n")
-    h.update(_field(f"{state.partition}/{state.partitions}".encode()))
-    h.update(_field(state.mark.encode()))
-    per_queue = sorted(_queue_digest(q) for q in state.queues)
-    h.update(len(per_queue).to_bytes(8, "big"))
-    for d in per_queue:
+    h.update(_field(f"{partition}/{partitions}".encode()))
+    h.update(_field(mark.encode()))
+    ordered = sorted(per_queue)
+    h.update(len(ordered).to_bytes(8, "big"))
+    for d in ordered:
         h.update(d)
     return h.hexdigest()
+
+
+def digest(state: PartitionState) -> str:
+    """SHA-256 hex of the partition's state, whatever the order of `state.queues`."""
+    return whole_digest(
+        state.partition, state.partitions, state.mark, (queue_digest(q) for q in state.queues)
+    )
 
 
 def queue_ids(store: StoreLog, partition: int, partitions: int) -> list[str]:
@@ -103,6 +115,15 @@ def queue_ids(store: StoreLog, partition: int, partitions: int) -> list[str]:
     return sorted(
         queue for queue in store.queues if ids.partition_of(queue, partitions) == partition
     )
+
+
+def collect_queue(journal: QueueJournal, store: StoreLog, queue_id: str) -> QueueState | None:
+    """One queue's state as the engines hold it now; None if the store does not hold it."""
+    record = store.queues.get(queue_id)
+    if record is None:
+        return None
+    info = journal.info(queue_id)
+    return QueueState(record, info.suspended, tuple(journal.messages(queue_id)))
 
 
 def collect(
@@ -114,12 +135,61 @@ def collect(
         raise ValueError(f"partition {partition} is not in 0..{partitions - 1}")
     queues = []
     for queue_id in queue_ids(store, partition, partitions):
-        record = store.queues[queue_id]
-        info = journal.info(queue_id)
-        queues.append(QueueState(record, info.suspended, tuple(journal.messages(queue_id))))
+        state = collect_queue(journal, store, queue_id)
+        assert state is not None  # listed from the store just now
+        queues.append(state)
     return PartitionState(
         partition, partitions, journal.marks.get(mark_key(partition), ""), tuple(queues)
     )
+
+
+def drop_queue(journal: QueueJournal, store: StoreLog, queue_id: str) -> int:
+    """Delete a queue this instance holds from both engines; returns the store seq."""
+    journal.delete(queue_id)
+    return store.delete(queue_id)
+
+
+def put_queue(journal: QueueJournal, store: StoreLog, queue: QueueState, *, held: bool) -> int:
+    """Make the queue exactly `queue` on both engines, from scratch (`held`: the store holds a
+    queue of that id now, deleted first); returns the store seq."""
+    queue_id = queue.record.recipient_id
+    if held:
+        drop_queue(journal, store, queue_id)
+    else:
+        journal.delete(queue_id)  # a folder the store did not know (nothing, most times)
+    seq = store.new(queue.record)
+    for m in queue.messages:
+        if m.quota:
+            try:
+                journal.write(queue_id, m.msg_id, b"", ts_ms=m.ts_ms)
+            except journal_errors.QuotaExceeded:
+                continue
+            raise ValueError(f"queue {queue_id}: quota marker below this journal's quota")
+        journal.write(queue_id, m.msg_id, m.body, ts_ms=m.ts_ms, expires_ms=m.expires_ms)
+    if queue.suspended:
+        journal.suspend(queue_id)
+    return seq
+
+
+def installing(
+    journal: QueueJournal, store: StoreLog, state: PartitionState, held: Mapping[str, bytes]
+) -> Iterator[int]:
+    """The steps of `install` given `held`, the `queue_digest` of each queue of the partition
+    held here now: one per queue deleted or rebuilt, each yielding the store seq so far (a
+    caller may let other work run between steps, as long as nothing changes the partition),
+    then the mark."""
+    wanted = {q.record.recipient_id: q for q in state.queues}
+    seq = 0
+    for queue_id in held:
+        if queue_id not in wanted:
+            seq = drop_queue(journal, store, queue_id)
+            yield seq
+    for queue_id, queue in wanted.items():
+        if held.get(queue_id) != queue_digest(queue):
+            seq = put_queue(journal, store, queue, held=queue_id in held)
+            yield seq
+    journal.mark(mark_key(state.partition), state.mark, alone=True)
+    yield seq
 
 
 def install(journal: QueueJournal, store: StoreLog, state: PartitionState) -> tuple[int, int]:
@@ -128,35 +198,43 @@ def install(journal: QueueJournal, store: StoreLog, state: PartitionState) -> tu
     durable for. Queues of the partition held here and absent from `state` are deleted; a queue
     held here exactly as in `state` (its digest) is left as it is, any other is rebuilt from
     scratch: a catch-up after a prefetch rewrites only the queues changed in between."""
-    held = collect(journal, store, state.partition, state.partitions)
-    same = {_queue_digest(q) for q in held.queues} & {_queue_digest(q) for q in state.queues}
-    wanted = {q.record.recipient_id for q in state.queues}
-    seq = 0
-    dropped = set()
-    for queue in held.queues:
-        if queue.record.recipient_id not in wanted or _queue_digest(queue) not in same:
-            journal.delete(queue.record.recipient_id)
-            seq = store.delete(queue.record.recipient_id)
-            dropped.add(queue.record.recipient_id)
-    for queue in state.queues:
-        if _queue_digest(queue) in same:
-            continue
-        queue_id = queue.record.recipient_id
-        if queue_id not in dropped:
-            journal.delete(queue_id)  # a folder the store did not know (nothing, most times)
-        seq = store.new(queue.record)
-        for m in queue.messages:
-            if m.quota:
-                try:
-                    journal.write(queue_id, m.msg_id, b"", ts_ms=m.ts_ms)
-                except journal_errors.QuotaExceeded:
-                    continue
-                raise ValueError(f"queue {queue_id}: quota marker below this journal's quota")
-            journal.write(queue_id, m.msg_id, m.body, ts_ms=m.ts_ms, expires_ms=m.expires_ms)
-        if queue.suspended:
-            journal.suspend(queue_id)
-    journal.mark(mark_key(state.partition), state.mark, alone=True)
+    now = collect(journal, store, state.partition, state.partitions)
+    held = {q.record.recipient_id: queue_digest(q) for q in now.queues}
+    *_, seq = installing(journal, store, state, held)
     return journal.wal.written_lsn, seq
+
+
+@dataclass(frozen=True)
+class Changes:
+    """The queues of a partition changed since a whole state of it was taken (`since` names
+    that state, `relay_queues.partition_watch`): their states now and the ids of those gone,
+    the mark now, and `digest`, the whole partition's digest now."""
+
+    partition: int
+    partitions: int
+    since: str
+    mark: str
+    queues: tuple[QueueState, ...]
+    deleted: tuple[str, ...]
+    digest: str
+
+
+def installing_changes(
+    journal: QueueJournal, store: StoreLog, changes: Changes, held: Mapping[str, bytes]
+) -> Iterator[int]:
+    """As `installing`, for the queues `changes` names only (the others are left as held)."""
+    seq = 0
+    for queue_id in changes.deleted:
+        if queue_id in held:
+            seq = drop_queue(journal, store, queue_id)
+            yield seq
+    for queue in changes.queues:
+        queue_id = queue.record.recipient_id
+        if held.get(queue_id) != queue_digest(queue):
+            seq = put_queue(journal, store, queue, held=queue_id in held)
+            yield seq
+    journal.mark(mark_key(changes.partition), changes.mark, alone=True)
+    yield seq
 
 
 def empty(partition: int, partitions: int) -> PartitionState:
@@ -169,24 +247,41 @@ def empty(partition: int, partitions: int) -> PartitionState:
 # -- JSON form -----------------------------------------------------------------------------
 
 
-def to_json(state: PartitionState) -> dict[str, Any]:
+def _queue_json(queue: QueueState) -> dict[str, Any]:
     return {
+        "record": queue.record._asdict(),
+        "suspended": queue.suspended,
+        "messages": [
+            [ids.b64u(m.msg_id), m.ts_ms, m.expires_ms, ids.b64u(m.body), m.quota]
+            for m in queue.messages
+        ],
+    }
+
+
+def to_json(state: PartitionState, since: str | None = None) -> dict[str, Any]:
+    """The whole state; `since` names it for a later `Changes` (a watch's token)."""
+    unit = {
         "format": FORMAT,
         "partition": state.partition,
         "partitions": state.partitions,
         "mark": state.mark,
         "digest": digest(state),
-        "queues": [
-            {
-                "record": q.record._asdict(),
-                "suspended": q.suspended,
-                "messages": [
-                    [ids.b64u(m.msg_id), m.ts_ms, m.expires_ms, ids.b64u(m.body), m.quota]
-                    for m in q.messages
-                ],
-            }
-            for q in state.queues
-        ],
+        "queues": [_queue_json(q) for q in state.queues],
+    }
+    return unit if since is None else {**unit, "since": since}
+
+
+def changes_to_json(changes: Changes) -> dict[str, Any]:
+    return {
+        "format": FORMAT,
+        "changes": True,
+        "since": changes.since,
+        "partition": changes.partition,
+        "partitions": changes.partitions,
+        "mark": changes.mark,
+        "digest": changes.digest,
+        "queues": [_queue_json(q) for q in changes.queues],
+        "deleted": list(changes.deleted),
     }
 
 
@@ -245,21 +340,7 @@ def _record(value: Any, where: str, partition: int, partitions: int) -> QueueRec
     )
 
 
-def from_json(data: Any) -> PartitionState:
-    """The state `to_json` gave; `ValueError` saying what is wrong otherwise (the digest it
-    carries must be the digest of what it holds)."""
-    if not isinstance(data, dict):
-        raise ValueError("a partition state is a JSON object")
-    if data.get("format") != FORMAT:
-        raise ValueError(f"format must be {FORMAT}")
-    partitions = _int(data.get("partitions"), "partitions", 1)
-    partition = _int(data.get("partition"), "partition")
-    if partition >= partitions:
-        raise ValueError(f"partition {partition} is not in 0..{partitions - 1}")
-    mark = data.get("mark")
-    if not isinstance(mark, str) or (mark and not _is_mark(mark)):
-        raise ValueError("mark must be '' or '<epoch>:<offset>'")
-    raw_queues = data.get("queues")
+def _queues(raw_queues: Any, partition: int, partitions: int) -> tuple[QueueState, ...]:
     if not isinstance(raw_queues, list):
         raise ValueError("queues must be a list")
     queues = []
@@ -280,8 +361,51 @@ def from_json(data: Any) -> PartitionState:
         if any(m.quota for m in messages[:-1]):
             raise ValueError(f"{where}: only the last message may be the quota marker")
         queues.append(QueueState(record, raw["suspended"], messages))
-    state = PartitionState(partition, partitions, mark, tuple(queues))
-    if data.get("digest") != digest(state):
+    return tuple(queues)
+
+
+def _deleted(raw: Any, partition: int, partitions: int, kept: set[str]) -> tuple[str, ...]:
+    if not isinstance(raw, list) or not all(isinstance(q, str) for q in raw):
+        raise ValueError("deleted must be a list of queue ids")
+    for queue_id in raw:
+        ids.id_bytes(queue_id)  # InvalidId (a ValueError) for a malformed id
+        if ids.partition_of(queue_id, partitions) != partition:
+            raise ValueError(f"deleted: queue {queue_id} is not on partition {partition}")
+    if len(set(raw)) != len(raw) or kept & set(raw):
+        raise ValueError("deleted lists a queue twice, or one it also carries")
+    return tuple(raw)
+
+
+def from_json(data: Any) -> PartitionState | Changes:
+    """The state `to_json` gave (the digest it carries must be the digest of what it holds),
+    or the changes `changes_to_json` gave (their digest is the whole partition's: checked
+    after the install); `ValueError` saying what is wrong otherwise."""
+    if not isinstance(data, dict):
+        raise ValueError("a partition state is a JSON object")
+    if data.get("format") != FORMAT:
+        raise ValueError(f"format must be {FORMAT}")
+    partitions = _int(data.get("partitions"), "partitions", 1)
+    partition = _int(data.get("partition"), "partition")
+    if partition >= partitions:
+        raise ValueError(f"partition {partition} is not in 0..{partitions - 1}")
+    mark = data.get("mark")
+    if not isinstance(mark, str) or (mark and not _is_mark(mark)):
+        raise ValueError("mark must be '' or '<epoch>:<offset>'")
+    queues = _queues(data.get("queues"), partition, partitions)
+    since = data.get("since")
+    if since is not None and (not isinstance(since, str) or not since):
+        raise ValueError("since must be a non-empty text")
+    claimed = data.get("digest")
+    if data.get("changes", False) is not False:
+        if data["changes"] is not True or since is None:
+            raise ValueError("changes is true and comes with since, or is absent")
+        if not isinstance(claimed, str) or len(claimed) != 64:
+            raise ValueError("digest must be 64 hex digits")
+        kept = {q.record.recipient_id for q in queues}
+        deleted = _deleted(data.get("deleted"), partition, partitions, kept)
+        return Changes(partition, partitions, since, mark, queues, deleted, claimed)
+    state = PartitionState(partition, partitions, mark, queues)
+    if claimed != digest(state):
         raise ValueError("digest does not match the state it comes with")
     return state
 

@@ -23,6 +23,7 @@ from relay_queue_writer.commands import Commands
 from relay_queue_writer.handoff import Handoff
 from relay_queue_writer.settings import QueueWriterSettings
 from relay_queue_writer.stores import Stores
+from relay_queues.partition_watch import Watches
 from relay_runtime import ownership
 from relay_runtime.probes import probe_routes
 from relay_runtime.readiness import Readiness
@@ -43,7 +44,8 @@ def build(config: QueueWriterSettings) -> tuple[FastAPI, BusLifecycle]:
         repair=config.store_repair,
         idempotency_window_s=config.idempotency_window_s,
     )
-    commands = Commands(bus, stores, config.kafka.partitions, config.expire_interval_s)
+    watches = Watches(config.kafka.partitions)
+    commands = Commands(bus, stores, config.kafka.partitions, config.expire_interval_s, watches)
     admin = AdminRequests(bus, stores, config.instance, commands)
 
     async def handle(received: Received) -> None:
@@ -83,7 +85,7 @@ def build(config: QueueWriterSettings) -> tuple[FastAPI, BusLifecycle]:
         await owner.start(config.startup_timeout_s)
 
     token = config.admin_token.get_secret_value() if config.admin_token else None
-    handoff = Handoff(stores, owner, config.kafka.partitions, token, commands.sweep_lock)
+    handoff = Handoff(stores, owner, config.kafka.partitions, token, commands.sweep_lock, watches)
     app = FastAPI(
         title="Relay queue-writer",
         routes=[

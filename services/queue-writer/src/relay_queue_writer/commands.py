@@ -14,6 +14,8 @@ Invariants:
   same `Idempotency-Key`, is stored once: `QueueRules.send` checks its identity against the
   journal's send keys;
 - the expiry sweep touches only the queues of the partitions served (`served`);
+- every queue a command, a re-sync or the sweep changes is reported to the hand-off's watches
+  (`watches`) before anything else runs;
 - malformed fields get BAD_REQUEST and change nothing (the ingress validates first; this is the
   second line).
 """
@@ -33,6 +35,7 @@ from relay_queue_writer.outbox import Outbox, Send
 from relay_queue_writer.stores import Stores
 from relay_queues import ids
 from relay_queues.delivery import Subscriber
+from relay_queues.partition_watch import Watches
 from relay_queues.writer import Event, QueueOutcome, QueueRules, Signed, refused
 
 log = structlog.get_logger(__name__)
@@ -48,7 +51,14 @@ def now_ms() -> int:
 class Commands:
     """Built with the app; `open()` once the stores are open, `close()` before they close."""
 
-    def __init__(self, bus: Bus, stores: Stores, partitions: int, expire_interval_s: float) -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        stores: Stores,
+        partitions: int,
+        expire_interval_s: float,
+        watches: Watches | None = None,
+    ) -> None:
         self.bus = bus
         self.stores = stores
         self.partitions = partitions
@@ -62,6 +72,9 @@ class Commands:
         """The partitions served now (the app sets the ownership's): the sweep expires only
         their queues, so a partition's copy kept for a hand-off (a source after its fence, a
         target after an import) changes only through the hand-off."""
+        self.watches = watches if watches is not None else Watches(partitions)
+        """The hand-off's watches (`relay_queues.partition_watch`): told every queue a command,
+        a re-sync or the sweep changes."""
         self.before_change: Callable[[str | None], None] | None = None
         """Called with the queue a command or re-sync is about to change (an online export's
         copy before write, `relay_archive.capture`); None when nobody watches."""
@@ -173,10 +186,13 @@ class Commands:
         if not self._first_time(received):
             return
         record = received.record
-        if self.before_change is not None and isinstance(
+        if (self.watches or self.before_change is not None) and isinstance(
             record, schemas.QueueCommand | schemas.QueueResync
         ):
-            self.before_change(self._queue_of(record))
+            queue = self._queue_of(record)
+            self.watches.changed(queue)
+            if self.before_change is not None:
+                self.before_change(queue)
         if isinstance(record, schemas.QueueResync):
             outcome = self.rules.resync(
                 ids.QueueId(record.queue),
@@ -215,6 +231,7 @@ class Commands:
 
         async with self.sweep_lock:
             for event in self.rules.expire(now_ms(), keep):
+                self.watches.changed(event.queue)  # before anything else runs
                 self.outbox.put(event.lsn, None, [self._event(event)])
                 changed += 1
                 if changed % SWEEP_SLICE == 0:
