@@ -1,21 +1,24 @@
-"""A queue-writer partition move with many queues (issue 20: "the time a 1→2 move takes with
-100k queues"; decision 0021).
+"""A queue-writer pool scaled from 1 to 2 with many queues (issue 20: "the time a 1→2 move
+takes with 100k queues"; decision 0021).
 
     .venv/bin/python bench/handoff_bench.py [--queues 100000] [--budget-s 2]
 
 Two real queue-writer processes on the real Apache Kafka broker, as the hand-off test runs
-them (`tests/runtime/test_queue_writer_handoff.py`): ordinal 0 serves every partition, ordinal 1
-owns nothing (a pool just scaled from 1 to 2). Partition 1 is filled through Kafka with
-`--queues` queues, each created and sent one 256-byte message (the commands put on the command
-topic as the ingress puts them, every reply read back and checked 201). Then, while a light
-load keeps sending to four queues of that partition, the move is run as the operator runs it:
-prefetch (the target pulls the whole partition while the source serves), pause (the source's
-fence), catch-up (only the queues changed since the prefetch), commit, release. Every
-acknowledged message of the load is checked on the target, in order.
+them (`tests/runtime/test_queue_writer_handoff.py`): ordinal 0 serves the 4 partitions,
+ordinal 1 owns nothing (the pool just scaled from 1 to 2). First `--queues` queues are made
+through Kafka, each created and sent one 256-byte message (the commands put on the command
+topic as the ingress puts them, on the queue's partition, every reply read back and checked
+201): about a quarter on each partition. Then partitions 2 and 3 move to ordinal 1 one after
+the other, as the operator runs a 1 → 2 scale, each while a light load keeps sending to four
+queues of it: prefetch (the target pulls the whole partition while the source serves), pause
+(the source's fence), catch-up (only the queues changed since the prefetch), commit, release.
+Every acknowledged message of the loads is checked on its owner, in order, and every queue
+made is held once.
 
-Reported: the fill rate, `prefetch_s` (a whole copy of the partition: what each pause would
-hold without the changes-only catch-up), `pause_ms` and its steps, what the catch-up carried,
-and `move_s` (prefetch to release). The last line is a JSON summary.
+Reported per move: `prefetch_s` (a whole copy of the partition: what each pause would hold
+without the changes-only catch-up), `pause_ms` (pause call to the commit's answer) and its
+steps, what the catch-up carried, and `move_s` (prefetch to release); and `scale_s`, the two
+moves together. The last line is a JSON summary.
 """
 
 from __future__ import annotations
@@ -44,6 +47,8 @@ from relay_bus import clients, schemas, topics  # noqa: E402
 from relay_queues import ids  # noqa: E402
 
 BODY = b"x" * 256
+MOVED = (2, 3)
+"""The partitions a 1 → 2 scale of 4 partitions gives the new ordinal."""
 
 
 async def _answered(answered: dict[str, int], count: int, timeout_s: float) -> None:
@@ -53,8 +58,9 @@ async def _answered(answered: dict[str, int], count: int, timeout_s: float) -> N
         await asyncio.sleep(0.05)
 
 
-async def fill(kafka: helpers.Kafka, partition: int, queues: int) -> float:
-    """Create `queues` queues on `partition`, one message each, through Kafka; seconds taken."""
+async def fill(kafka: helpers.Kafka, queues: int) -> tuple[float, dict[int, int]]:
+    """Create `queues` queues, one message each, through Kafka; seconds taken, and how many
+    were made on each partition."""
     settings = kafka.settings()
     origin = f"fill-{uuid.uuid4().hex[:8]}"
     producer = clients.producer(settings, f"{origin}-p")
@@ -84,10 +90,11 @@ async def fill(kafka: helpers.Kafka, partition: int, queues: int) -> float:
     reader = asyncio.create_task(read())
     try:
         made = 0
+        per_partition = dict.fromkeys(range(handoff.PARTITIONS), 0)
         while made < queues:
             queue, sender = ids.new_queue_ids(handoff.PARTITIONS)
-            if ids.partition_of(queue, handoff.PARTITIONS) != partition:
-                continue
+            partition = ids.partition_of(queue, handoff.PARTITIONS)
+            per_partition[partition] += 1
             create = schemas.CreateQueue(**request(), queue=queue, sender=sender, recipient_key=key)
             send = schemas.SendMessage(
                 **request(), sender=sender, msg_id=ids.new_id(), body=ids.b64u(BODY)
@@ -102,7 +109,7 @@ async def fill(kafka: helpers.Kafka, partition: int, queues: int) -> float:
         await _answered(answered, 2 * queues, 600)
         refused = [status for status in answered.values() if status != 201]
         assert not refused, f"{len(refused)} commands refused: {refused[:5]}"
-        return time.monotonic() - started
+        return time.monotonic() - started, per_partition
     finally:
         reader.cancel()
         await asyncio.gather(reader, return_exceptions=True)
@@ -115,42 +122,47 @@ def main() -> None:
     parser.add_argument("--queues", type=int, default=100_000)
     parser.add_argument("--budget-s", type=float, default=2.0)
     args = parser.parse_args()
-    partition = handoff.MOVED
-    handoff.CALL_TIMEOUT_S = 1800.0  # a prefetch of the whole partition
+    handoff.CALL_TIMEOUT_S = 1800.0  # a prefetch of a whole partition
+    summary: dict[str, Any] = {"queues": args.queues}
+    owners = [0] * handoff.PARTITIONS
     with (
         tempfile.TemporaryDirectory(prefix="handoff-bench-", dir=ROOT / "var") as tmp,
         helpers.kafka_cluster(Path(tmp) / "kafka") as cluster,
     ):
         kafka = helpers.Kafka(cluster)
         with handoff.one_then_two(kafka, Path(tmp)) as (a, b):
-            fill_s = asyncio.run(fill(kafka, partition, args.queues))
-            load = handoff.Load(kafka)
-            load.start(partition)
-            time.sleep(1.0)
-            started = time.monotonic()
-            moved = handoff.move(a, b, partition, [0, 0, 0, 0], 2, budget_s=args.budget_s)
-            move_s = time.monotonic() - started
-            time.sleep(0.5)
-            acknowledged = load.finish()
-            bodies = handoff.bodies(b if moved.committed else a, partition)
-            held = {queue: bodies[queue] for queue in acknowledged}
-            assert held == acknowledged, "an acknowledged message is not on the owner"
-            assert len(bodies) == args.queues + handoff.LOAD_QUEUES
-    report.emit(
-        {
-            "queues": args.queues,
-            "fill_s": round(fill_s, 1),
-            "fill_commands_per_s": round(2 * args.queues / fill_s),
-            "committed": moved.committed,
-            "prefetch_s": round(moved.prefetch_s, 2),
-            "pause_ms": round(moved.pause_s * 1000),
-            **{f"{step}_ms": round(s * 1000) for step, s in moved.steps_s.items()},
-            "carried_queues": moved.carried["queues"],
-            "carried_whole": moved.carried["whole"],
-            "move_s": round(move_s, 2),
-            "load_sends": len(load.sent),
-        }
-    )
+            fill_s, per_partition = asyncio.run(fill(kafka, args.queues))
+            summary["fill_commands_per_s"] = round(2 * args.queues / fill_s)
+            scale_s = 0.0
+            for n, partition in enumerate(MOVED):
+                load = handoff.Load(kafka)
+                load.start(partition)
+                time.sleep(1.0)
+                started = time.monotonic()
+                moved = handoff.move(a, b, partition, owners, 2 + 2 * n, budget_s=args.budget_s)
+                move_s = time.monotonic() - started
+                scale_s += move_s
+                time.sleep(0.5)
+                acknowledged = load.finish()
+                if moved.committed:
+                    owners[partition] = 1
+                bodies = handoff.bodies((a, b)[owners[partition]], partition)
+                held = {queue: bodies[queue] for queue in acknowledged}
+                assert held == acknowledged, "an acknowledged message is not on the owner"
+                assert len(bodies) == per_partition[partition] + handoff.LOAD_QUEUES
+                summary[f"p{partition}"] = {
+                    "queues": len(bodies),
+                    "committed": moved.committed,
+                    "prefetch_s": round(moved.prefetch_s, 2),
+                    "pause_ms": round(moved.pause_s * 1000),
+                    **{f"step_{step}_ms": round(s * 1000) for step, s in moved.steps_s.items()},
+                    "carried_queues": moved.carried["queues"],
+                    "carried_whole": moved.carried["whole"],
+                    "move_s": round(move_s, 2),
+                    "load_sends": len(load.sent),
+                }
+            summary["scale_s"] = round(scale_s, 2)
+    report.emit(summary)
 
 
 if __name__ == "__main__":
