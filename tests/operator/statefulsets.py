@@ -5,8 +5,9 @@ A thread watches the StatefulSet's `spec.replicas` (polling the emulator) and, a
 controller does (`OrderedReady`): starts the missing ordinals lowest first and stops the extra
 ones highest first, one at a time. Ordinal k is a real `relay-queue-writer` process with its own
 data folder (`pvc-k`, kept when the pod goes, as a PersistentVolumeClaim is), bound on its own
-loopback address 127.0.0.(10 + k) with the port every ordinal shares (a pod IP and the pool's
-container port). Its Pod is written with `status.podIP` and a Ready condition that follows the
+loopback address with the port every ordinal shares (a pod IP and the pool's container port):
+127.0.r.(10 + k) at its r-th start, so a restarted pod comes back at a new IP, as on
+Kubernetes. Its Pod is written with `status.podIP` and a Ready condition that follows the
 process's `/readyz`, and deleted when the process stopped; the StatefulSet's
 `status.readyReplicas` follows.
 
@@ -34,16 +35,22 @@ from tests.operator import kube
 POLL_S = 0.1
 
 
-def ip_of(ordinal: int) -> str:
-    return f"127.0.0.{10 + ordinal}"
+def ip_of(ordinal: int, start: int) -> str:
+    """The pod IP of the ordinal's `start`-th start (0 first)."""
+    return f"127.0.{start}.{10 + ordinal}"
 
 
 @dataclass
 class Instance:
     ordinal: int
     process: subprocess.Popen[bytes]
-    url: str
+    ip: str
+    port: int
     ready: bool = False
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.ip}:{self.port}"
 
 
 class StatefulSetStandIn:
@@ -159,8 +166,9 @@ class StatefulSetStandIn:
     def _start(self, ordinal: int) -> None:
         folder = self.root / f"pvc-{ordinal}"
         folder.mkdir(parents=True, exist_ok=True)
+        ip = ip_of(ordinal, self.started.count(ordinal))
         env = helpers.service_env(
-            RELAY_HTTP__HOST=ip_of(ordinal),
+            RELAY_HTTP__HOST=ip,
             RELAY_HTTP__PORT=str(self.port),
             RELAY_INSTANCE=f"{self.name}-{ordinal}",
             RELAY_DATA__DIR=str(folder),
@@ -174,7 +182,7 @@ class StatefulSetStandIn:
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
-        instance = Instance(ordinal, process, f"http://{ip_of(ordinal)}:{self.port}")
+        instance = Instance(ordinal, process, ip, self.port)
         with self._lock:
             self.instances[ordinal] = instance
         self.started.append(ordinal)
@@ -209,7 +217,7 @@ class StatefulSetStandIn:
             return
         status: dict[str, Any] = {
             "phase": "Running",
-            "podIP": ip_of(ordinal),
+            "podIP": instance.ip,
             "conditions": [{"type": "Ready", "status": "True" if instance.ready else "False"}],
         }
         if self.api.get("pods", self.namespace, name) is None:

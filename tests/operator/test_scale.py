@@ -27,7 +27,7 @@ from tests import helpers
 from tests.operator import kube
 from tests.operator.conftest import NAMESPACE, Operator, wait_for
 from tests.operator.statefulsets import StatefulSetStandIn
-from tests.runtime.test_queue_writer_handoff import AUTH, PARTITIONS, TOKEN, Load, _bodies
+from tests.runtime.test_queue_writer_handoff import AUTH, PARTITIONS, TOKEN, Load, bodies
 
 STS = "r1-relay-queue-writer"
 POOL_PATH = f"/apis/relay.dev/v1alpha1/namespaces/{NAMESPACE}/relaypools/queue-writer"
@@ -258,7 +258,7 @@ def test_a_queue_writer_pool_scales_one_two_one_under_load_losing_nothing(
     assert sum(map(len, acknowledged.values())) == sent > 40  # every SEND answered 201
     final = pods.urls()[0]
     for partition, load in zip(moved, loads, strict=True):
-        held = _bodies(final, partition)
+        held = bodies(final, partition)
         assert held == {q: acknowledged[q] for q, _ in load.queues}, partition
     print(f"\n1->2 in {up_s:.1f} s, 2->1 in {down_s:.1f} s, {sent} sends; " + "; ".join(lines))
 
@@ -351,7 +351,7 @@ def test_an_operator_killed_mid_move_resumes_it_from_the_status(
     assert sum(map(len, acknowledged.values())) == sent > 20
     urls = pods.urls()
     for partition, load in zip((2, 3), loads, strict=True):
-        assert _bodies(urls[1], partition) == {q: acknowledged[q] for q, _ in load.queues}
+        assert bodies(urls[1], partition) == {q: acknowledged[q] for q, _ in load.queues}
     print(
         f"\nresumed after kills: p2 pause {released['pauseMs']:.0f} ms (includes the restart), "
         f"p3 rolled back ({rolled['message']}), then pause {again[0]['status']['pauseMs']:.0f} ms"
@@ -484,8 +484,9 @@ def test_a_pod_killed_at_a_step_of_a_move_loses_nothing(
     not back within the budget: the catch-up cannot succeed, or the restarted target took the
     partition up itself) and the pool's new plan moves the partition, or the pod came back with
     its durable state, the digests agree and it commits; from the commit on it only goes
-    forward, each call retried until the pod is back. Every acknowledged SEND is held by the
-    owner at the end, and no two instances ever serve the partition."""
+    forward, each call retried until the pod is back (at a new pod IP, which the operator reads
+    again). Every acknowledged SEND is held by the owner at the end, and no two instances ever
+    serve the partition."""
     wait_for("pod 0 Ready", lambda: pods.ready() == [0], timeout_s=60)
     install(api, pods.port)
     at = HELD_AT[held]
@@ -537,9 +538,11 @@ def test_a_pod_killed_at_a_step_of_a_move_loses_nothing(
             f"released (catch-up at {first['catchUpMs']:.0f} ms, pause {first['pauseMs']:.0f} ms)"
         )
     assert pool_status(api)["assignment"] == [0, 0, 1, 1]
-    assert pods.started.count(0 if victim == "source" else 1) == 2  # it did restart
+    killed = 0 if victim == "source" else 1
+    assert pods.started.count(killed) == 2  # it did restart, at a new pod IP: the operator
+    assert pods.urls()[killed] == f"http://127.0.1.{10 + killed}:{pods.port}"  # found it there
     assert owners.overlaps == [], owners.overlaps[:3]
     assert sum(map(len, acknowledged.values())) == len(load.sent) > 20
-    differs = same_bodies(_bodies(pods.urls()[1], 2), {q: acknowledged[q] for q, _ in load.queues})
+    differs = same_bodies(bodies(pods.urls()[1], 2), {q: acknowledged[q] for q, _ in load.queues})
     assert not differs, differs
     print(f"\n{victim} killed, the move held {held}: {outcome}; {len(load.sent)} sends")
