@@ -163,8 +163,11 @@ def _replay_stream_partition(
 def _write(spark: SparkSession, produced: Any, modes: dict[str, str], out: Path) -> dict[str, int]:
     """Each table's rows into `out/<table>/` (mode `overwrite`, or `append` to add a part)."""
     # Read once per table: kept, spilling to local disk past the heap (MEMORY_ONLY, `cache()`,
-    # ran the driver out of heap at 20M archived records).
+    # ran the driver out of heap at 20M archived records), and computed first on its own, one
+    # task per partition: left to the first table's `coalesce(1)` write, the replay of every
+    # partition ran in that write's one task, on one core.
     produced = produced.persist(StorageLevel.MEMORY_AND_DISK)
+    produced.count()
     written = {}
     for name, mode in modes.items():
         schema = spark_schema(tables.SCHEMAS[name])
