@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import shutil
 import sys
 import tempfile
 import time
@@ -125,10 +126,9 @@ def main() -> None:
     handoff.CALL_TIMEOUT_S = 1800.0  # a prefetch of a whole partition
     summary: dict[str, Any] = {"queues": args.queues}
     owners = [0] * handoff.PARTITIONS
-    with (
-        tempfile.TemporaryDirectory(prefix="handoff-bench-", dir=ROOT / "var") as tmp,
-        helpers.kafka_cluster(Path(tmp) / "kafka") as cluster,
-    ):
+    tmp = tempfile.mkdtemp(prefix="handoff-bench-", dir=ROOT / "var")
+    print(f"logs and data: {tmp} (removed once the run succeeds)", flush=True)
+    with helpers.kafka_cluster(Path(tmp) / "kafka") as cluster:
         kafka = helpers.Kafka(cluster)
         with handoff.one_then_two(kafka, Path(tmp)) as (a, b):
             fill_s, per_partition = asyncio.run(fill(kafka, args.queues))
@@ -162,6 +162,7 @@ def main() -> None:
                     "load_sends": len(load.sent),
                 }
             summary["scale_s"] = round(scale_s, 2)
+    shutil.rmtree(tmp)
     report.emit(summary)
 
 

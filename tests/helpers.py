@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -242,39 +243,50 @@ def service_env(**overrides: str) -> dict[str, str]:
 
 
 @contextmanager
-def running_service(script: str, ready_timeout_s: float = 30, **env: str) -> Iterator[str]:
+def running_service(
+    script: str, ready_timeout_s: float = 30, log: Path | None = None, **env: str
+) -> Iterator[str]:
     """Start a service's console script on a free port; yield its URL once `/readyz` is 200.
-    Stops it with SIGTERM (and checks it exits 0) when the block ends."""
+    Stops it with SIGTERM (and checks it exits 0) when the block ends. Its log (stderr) goes
+    to `log`, or to a temporary file: never a pipe nobody reads, which would stop the service
+    at its 64 KiB-th byte of log."""
     port = free_port()
-    process = subprocess.Popen(
-        [str(BIN / script)],
-        env=service_env(RELAY_HTTP__PORT=str(port), RELAY_INSTANCE=script, **env),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + ready_timeout_s
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"{script} exited: {process.communicate()[1][-2000:]}")
-            try:
-                if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{script} not ready in {ready_timeout_s} s")
-            time.sleep(0.1)
-        yield url
-        process.terminate()
-        _, stderr = process.communicate(timeout=15)
-        assert process.returncode == 0, stderr[-2000:]
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+    with (
+        open(log, "w+b") if log is not None else tempfile.TemporaryFile() as stderr,
+    ):
+        process = subprocess.Popen(
+            [str(BIN / script)],
+            env=service_env(RELAY_HTTP__PORT=str(port), RELAY_INSTANCE=script, **env),
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+        )
+
+        def tail() -> str:
+            stderr.seek(0)
+            return stderr.read().decode(errors="replace")[-2000:]
+
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + ready_timeout_s
+            while True:
+                if process.poll() is not None:
+                    raise RuntimeError(f"{script} exited: {tail()}")
+                try:
+                    if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{script} not ready in {ready_timeout_s} s")
+                time.sleep(0.1)
+            yield url
+            process.terminate()
+            process.wait(timeout=15)
+            assert process.returncode == 0, tail()
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
 
 
 READY_BUDGET_S = 60.0

@@ -59,13 +59,19 @@ def _env(kafka: helpers.Kafka, data_dir: Path, ordinal: int) -> dict[str, str]:
 @contextmanager
 def one_then_two(kafka: helpers.Kafka, root: Path) -> Iterator[tuple[str, str]]:
     """A pool of one queue-writer (generation 1: every partition on ordinal 0) and a second
-    one, started after it, owning nothing: the state before a scale from 1 to 2."""
+    one, started after it, owning nothing: the state before a scale from 1 to 2. Their logs
+    are `root/queue-writer-<k>.log`."""
     with ExitStack() as stack:
-        a = stack.enter_context(
-            helpers.running_service("relay-queue-writer", 60, **_env(kafka, root / "d0", 0))
-        )
-        b = stack.enter_context(
-            helpers.running_service("relay-queue-writer", 60, **_env(kafka, root / "d1", 1))
+        a, b = (
+            stack.enter_context(
+                helpers.running_service(
+                    "relay-queue-writer",
+                    60,
+                    log=root / f"queue-writer-{k}.log",
+                    **_env(kafka, root / f"d{k}", k),
+                )
+            )
+            for k in (0, 1)
         )
         yield a, b
 
