@@ -129,9 +129,11 @@ def test_a_failed_fdatasync_fails_its_waiters_and_every_later_one(
     """A real fdatasync error: the log's descriptor is made a pipe's, which the kernel cannot
     fdatasync (EINVAL). After it, nothing is reported durable, even once the file is back."""
 
+    told: list[OSError] = []
+
     async def run() -> None:
         log = AppendLog(tmp_path / "f.log")
-        commit = GroupCommit(log, kernel_sync=backends, depth=depth)
+        commit = GroupCommit(log, kernel_sync=backends, depth=depth, on_failed=told.append)
         log.append(1, b"a")
         await commit.durable(1)
         log.append(2, b"b")
@@ -154,6 +156,7 @@ def test_a_failed_fdatasync_fails_its_waiters_and_every_later_one(
         log.close()
 
     asyncio.run(run())
+    assert [e.errno for e in told] == [errno.EINVAL]  # the owner is told once (fail-stop)
 
 
 def _reap_all(sync: KernelSync, count: int) -> dict[int, int]:

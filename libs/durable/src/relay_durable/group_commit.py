@@ -17,9 +17,11 @@ Invariants:
   idle while the loop ran and the loop idle while the disk synced. A worker thread keeps that
   rule all the same: it needs the GIL to start its fdatasync, which it gets only when the
   loop is idle;
-- a failed fdatasync fails its round and every later one (fail-stop): after an fdatasync
-  error the kernel may have dropped the dirty pages it could not write, so a later success
-  would not prove the records before it durable. Reopening the log (a restart) recovers;
+- a failed fdatasync, or a failed flush before it, fails its round and every later one
+  (fail-stop): after an fdatasync error the kernel may have dropped the dirty pages it could
+  not write, so a later success would not prove the records before it durable. Reopening the
+  log (a restart) recovers, so the owner is told once (`on_failed`: a service stops its
+  process there rather than stay up answering every write with an error);
 - every waiter of a round shares one future (no future or coroutine per caller); a caller's
   cancellation takes effect when its round ends and does not touch the other waiters;
 - flushes happen on the event loop thread, so the log keeps its append order.
@@ -31,6 +33,7 @@ import asyncio
 import contextlib
 import functools
 import os
+from collections.abc import Callable
 
 import structlog
 
@@ -61,7 +64,12 @@ class _Shared(asyncio.Future[None]):
 
 class GroupCommit:
     def __init__(
-        self, log: AppendLog, *, kernel_sync: tuple[str, ...] = ("uring", "aio"), depth: int = 1
+        self,
+        log: AppendLog,
+        *,
+        kernel_sync: tuple[str, ...] = ("uring", "aio"),
+        depth: int = 1,
+        on_failed: Callable[[OSError], None] | None = None,
     ) -> None:
         """`kernel_sync`: the `relay_durable.kernel_sync` backends to try, in order; none (or
         none accepted) means a worker thread. `depth`: rounds in flight at most, where the
@@ -87,6 +95,7 @@ class GroupCommit:
         """Waiters the next round needs before it starts without waiting for the loop."""
         self._kick_pending = False
         self._failed: OSError | None = None
+        self._on_failed = on_failed
         self._batcher: asyncio.Task[None] | None = None
         self.rounds = 0
         """fdatasync rounds started."""
@@ -162,6 +171,7 @@ class GroupCommit:
         except OSError as error:
             if not waiters.done():
                 waiters.set_exception(error)
+            self._fail(error, "flush_failed")
             return
         started = _Round(waiters, log.flushed, count)
         self._flying.append(started)
@@ -198,6 +208,14 @@ class GroupCommit:
             self._watching = True
         return loop.create_future()
 
+    def _fail(self, error: OSError, event: str) -> None:
+        """Fail this round and every later one; tell the owner at the first failure."""
+        first = self._failed is None
+        self._failed = error
+        logger.error(event, path=str(self.log.path), error=str(error))
+        if first and self._on_failed is not None:
+            self._on_failed(error)
+
     def _kernel_synced(self) -> None:
         assert self._kernel is not None
         for tag, result in self._kernel.reap():
@@ -223,8 +241,7 @@ class GroupCommit:
         del self._ops[tag]
         error: BaseException | None = asyncio.CancelledError() if op.cancelled() else None
         if error is None and isinstance(error := op.exception(), OSError):
-            self._failed = error
-            logger.error("fdatasync_failed", path=str(self.log.path), error=str(error))
+            self._fail(error, "fdatasync_failed")
         if error is None:
             self.log.synced_through(finished.target)
             released = [r for r in self._flying if r.target <= finished.target]

@@ -33,11 +33,17 @@ async def _at_once(_lsn: int) -> None:
 
 
 class AsyncJournal:
-    def __init__(self, settings: JournalSettings) -> None:
+    def __init__(
+        self, settings: JournalSettings, *, on_failed: Callable[[OSError], None] | None = None
+    ) -> None:
+        """`on_failed`: told once when the log can no longer be made durable (fail-stop,
+        `relay_durable.group_commit`)."""
         self.journal = QueueJournal(settings, lazy=True)
         self.journal.auto_sync = False
         self.settings = settings
-        self.commit = GroupCommit(self.journal.wal.file, kernel_sync=settings.fsync_backends)
+        self.commit = GroupCommit(
+            self.journal.wal.file, kernel_sync=settings.fsync_backends, on_failed=on_failed
+        )
         self._wait: Callable[[int], Awaitable[None]] = (
             self.commit.durable if settings.fsync is FsyncPolicy.ALWAYS else _at_once
         )

@@ -7,6 +7,7 @@ worker thread, and so does a dump's writing (see `relay_storelog.store`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from relay_durable.group_commit import GroupCommit
@@ -16,11 +17,19 @@ from relay_storelog.store import StoreLog, StoreLogSettings
 
 
 class AsyncStoreLog:
-    def __init__(self, settings: StoreLogSettings, *, repair: bool = False) -> None:
+    def __init__(
+        self,
+        settings: StoreLogSettings,
+        *,
+        repair: bool = False,
+        on_failed: Callable[[OSError], None] | None = None,
+    ) -> None:
+        """`on_failed`: told once when the log can no longer be made durable (fail-stop,
+        `relay_durable.group_commit`)."""
         self.store = StoreLog(settings, repair=repair)
         self.store.auto_sync = False
         self.settings = settings
-        self.commit = GroupCommit(self.store.file)
+        self.commit = GroupCommit(self.store.file, on_failed=on_failed)
 
     async def durable(self, seq: int) -> None:
         if self.settings.fsync is FsyncPolicy.ALWAYS:

@@ -1,7 +1,8 @@
 """The queue-writer's stores on its volume: the queue journal and the store log, opened before
 the service reports ready and closed after its consumers have stopped, plus the dump timer.
 
-Invariant: readiness condition `stores` is true only while both stores are open; a dump runs
+Invariant: readiness condition `stores` is true only while both stores are open, and a store
+whose log can no longer be made durable stops the process (`exits.fail_stop`); a dump runs
 every `dump_interval_s` (0 switches the timer off, for when the operator drives dumps).
 Opening loads no queue: the journal replays only its log since the last checkpoint, and the
 store log checks its latest dump and reads records from it when a command asks (decision
@@ -53,11 +54,14 @@ class Stores:
             self.journal = AsyncJournal(
                 JournalSettings(
                     root=self.data_dir / "journal", send_key_window_s=self.idempotency_window_s
-                )
+                ),
+                on_failed=exits.fail_stop,
             )
             await self.journal.start()
             self.store = AsyncStoreLog(
-                StoreLogSettings(root=self.data_dir / "store"), repair=self.repair
+                StoreLogSettings(root=self.data_dir / "store"),
+                repair=self.repair,
+                on_failed=exits.fail_stop,
             )
         except StoreLogCorrupt as error:
             raise exits.StartupError(
