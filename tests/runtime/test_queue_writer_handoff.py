@@ -347,23 +347,29 @@ def test_a_partition_moves_from_one_instance_to_two_under_load(
 def test_a_catch_up_over_a_state_not_the_prefetched_one_pulls_the_whole_partition(
     kafka: helpers.Kafka, tmp_path: Path
 ) -> None:
-    """The changes since the prefetch, installed over anything else (here an older state put
-    back under the prefetch's name), do not give the source's digest: the target pulls the
-    whole partition, and the move commits with equal digests, losing nothing."""
+    """The changes since the prefetch, installed over anything else (here a state with a queue
+    the source never held, put back under the prefetch's name), do not give the source's
+    digest: the target pulls the whole partition, and the move commits with equal digests,
+    losing nothing."""
     with one_then_two(kafka, tmp_path) as (a, b):
         load = Load(kafka)
         load.start(MOVED)
-        time.sleep(0.3)
-        older = _export(a, MOVED)
         time.sleep(0.5)
 
-        def put_back_the_older_state() -> None:
-            token = _export(a, MOVED)["since"]  # the source's watch, as a prefetch leaves it
-            _import(b, {**older, "since": token})
+        def put_back_another_state() -> None:
+            held = ps.from_json(_export(a, MOVED))  # the source's watch, as a prefetch leaves it
+            assert isinstance(held, ps.PartitionState)
+            while True:
+                queue, sender = ids.new_queue_ids(PARTITIONS)
+                if ids.partition_of(queue, PARTITIONS) == MOVED:
+                    break
+            record = held.queues[0].record._replace(recipient_id=queue, sender_id=sender)
+            other = ps.PartitionState(
+                MOVED, PARTITIONS, held.mark, (*held.queues, ps.QueueState(record, False, ()))
+            )
+            _import(b, {**ps.to_json(other), "since": _export(a, MOVED)["since"]})
 
-        moved = move(
-            a, b, MOVED, [0, 0, 0, 0], generation=2, after_prefetch=put_back_the_older_state
-        )
+        moved = move(a, b, MOVED, [0, 0, 0, 0], generation=2, after_prefetch=put_back_another_state)
         assert moved.committed, moved
         assert moved.source_digest == moved.target_digest
         assert moved.carried["whole"] is True, moved.carried
