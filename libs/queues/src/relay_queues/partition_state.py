@@ -171,25 +171,41 @@ def put_queue(journal: QueueJournal, store: StoreLog, queue: QueueState, *, held
     return seq
 
 
+def _replacing(
+    journal: QueueJournal,
+    store: StoreLog,
+    partition: int,
+    queues: Iterable[QueueState],
+    gone: Iterable[str],
+    mark: str,
+    held: Mapping[str, bytes],
+) -> Iterator[int]:
+    """Delete the `gone` queues held here, rebuild each of `queues` not held exactly so, then
+    set the mark: one step per queue deleted or rebuilt, each yielding the store seq so far,
+    then one for the mark."""
+    seq = 0
+    for queue_id in gone:
+        if queue_id in held:
+            seq = drop_queue(journal, store, queue_id)
+            yield seq
+    for queue in queues:
+        queue_id = queue.record.recipient_id
+        if held.get(queue_id) != queue_digest(queue):
+            seq = put_queue(journal, store, queue, held=queue_id in held)
+            yield seq
+    journal.mark(mark_key(partition), mark, alone=True)
+    yield seq
+
+
 def installing(
     journal: QueueJournal, store: StoreLog, state: PartitionState, held: Mapping[str, bytes]
 ) -> Iterator[int]:
     """The steps of `install` given `held`, the `queue_digest` of each queue of the partition
-    held here now: one per queue deleted or rebuilt, each yielding the store seq so far (a
-    caller may let other work run between steps, as long as nothing changes the partition),
-    then the mark."""
-    wanted = {q.record.recipient_id: q for q in state.queues}
-    seq = 0
-    for queue_id in held:
-        if queue_id not in wanted:
-            seq = drop_queue(journal, store, queue_id)
-            yield seq
-    for queue_id, queue in wanted.items():
-        if held.get(queue_id) != queue_digest(queue):
-            seq = put_queue(journal, store, queue, held=queue_id in held)
-            yield seq
-    journal.mark(mark_key(state.partition), state.mark, alone=True)
-    yield seq
+    held here now (a caller may let other work run between steps, as long as nothing changes
+    the partition)."""
+    wanted = {q.record.recipient_id for q in state.queues}
+    gone = [queue_id for queue_id in held if queue_id not in wanted]
+    return _replacing(journal, store, state.partition, state.queues, gone, state.mark, held)
 
 
 def install(journal: QueueJournal, store: StoreLog, state: PartitionState) -> tuple[int, int]:
@@ -223,18 +239,9 @@ def installing_changes(
     journal: QueueJournal, store: StoreLog, changes: Changes, held: Mapping[str, bytes]
 ) -> Iterator[int]:
     """As `installing`, for the queues `changes` names only (the others are left as held)."""
-    seq = 0
-    for queue_id in changes.deleted:
-        if queue_id in held:
-            seq = drop_queue(journal, store, queue_id)
-            yield seq
-    for queue in changes.queues:
-        queue_id = queue.record.recipient_id
-        if held.get(queue_id) != queue_digest(queue):
-            seq = put_queue(journal, store, queue, held=queue_id in held)
-            yield seq
-    journal.mark(mark_key(changes.partition), changes.mark, alone=True)
-    yield seq
+    return _replacing(
+        journal, store, changes.partition, changes.queues, changes.deleted, changes.mark, held
+    )
 
 
 def empty(partition: int, partitions: int) -> PartitionState:

@@ -23,7 +23,6 @@ from relay_queue_writer.commands import Commands
 from relay_queue_writer.handoff import Handoff
 from relay_queue_writer.settings import QueueWriterSettings
 from relay_queue_writer.stores import Stores
-from relay_queues.partition_watch import Watches
 from relay_runtime import ownership
 from relay_runtime.probes import probe_routes
 from relay_runtime.readiness import Readiness
@@ -44,8 +43,7 @@ def build(config: QueueWriterSettings) -> tuple[FastAPI, BusLifecycle]:
         repair=config.store_repair,
         idempotency_window_s=config.idempotency_window_s,
     )
-    watches = Watches(config.kafka.partitions)
-    commands = Commands(bus, stores, config.kafka.partitions, config.expire_interval_s, watches)
+    commands = Commands(bus, stores, config.kafka.partitions, config.expire_interval_s)
     admin = AdminRequests(bus, stores, config.instance, commands)
 
     async def handle(received: Received) -> None:
@@ -85,7 +83,9 @@ def build(config: QueueWriterSettings) -> tuple[FastAPI, BusLifecycle]:
         await owner.start(config.startup_timeout_s)
 
     token = config.admin_token.get_secret_value() if config.admin_token else None
-    handoff = Handoff(stores, owner, config.kafka.partitions, token, commands.sweep_lock, watches)
+    handoff = Handoff(
+        stores, owner, config.kafka.partitions, token, commands.sweep_lock, commands.watches
+    )
     app = FastAPI(
         title="Relay queue-writer",
         routes=[

@@ -51,14 +51,7 @@ def now_ms() -> int:
 class Commands:
     """Built with the app; `open()` once the stores are open, `close()` before they close."""
 
-    def __init__(
-        self,
-        bus: Bus,
-        stores: Stores,
-        partitions: int,
-        expire_interval_s: float,
-        watches: Watches | None = None,
-    ) -> None:
+    def __init__(self, bus: Bus, stores: Stores, partitions: int, expire_interval_s: float) -> None:
         self.bus = bus
         self.stores = stores
         self.partitions = partitions
@@ -72,7 +65,7 @@ class Commands:
         """The partitions served now (the app sets the ownership's): the sweep expires only
         their queues, so a partition's copy kept for a hand-off (a source after its fence, a
         target after an import) changes only through the hand-off."""
-        self.watches = watches if watches is not None else Watches(partitions)
+        self.watches = Watches(partitions)
         """The hand-off's watches (`relay_queues.partition_watch`): told every queue a command,
         a re-sync or the sweep changes."""
         self.before_change: Callable[[str | None], None] | None = None
