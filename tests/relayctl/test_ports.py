@@ -31,3 +31,14 @@ def test_a_taken_port_is_never_chosen(monkeypatch: pytest.MonkeyPatch) -> None:
         assert chosen != port
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", chosen))
+
+
+def test_a_port_is_never_handed_out_twice(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A suite picks every child's port before any child binds one: a port still free at the
+    second pick must not go to a second child (the archiver once failed with "port in use")."""
+    port = processes.free_port("127.0.0.1")  # free, and not bound by anyone
+    monkeypatch.setattr(processes.random, "randrange", lambda _a, _b: port)
+    again = processes.free_port("127.0.0.1")
+    assert again != port
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", port))  # still free: only the memory refused it

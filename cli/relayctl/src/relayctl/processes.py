@@ -130,19 +130,29 @@ def ephemeral_low() -> int:
         return 32768
 
 
+_handed_out: set[int] = set()
+"""Every port `free_port` chose in this process: none is chosen twice. A suite picks all its
+children's ports before any child binds one, so a port free at each pick could be handed to
+two children (one then failed at start with "port in use")."""
+
+
 def free_port(host: str) -> int:
-    """A port free now, for a child to bind a moment later. Chosen at random below the kernel's
-    ephemeral range: a port probed inside it (as `bind(0)` picks) can be taken meanwhile by any
-    process's outgoing connection, which made a child fail with "port in use" on a busy machine.
-    Falls back to `bind(0)` when no such port is free."""
+    """A port free now, for a child to bind a moment later, and never chosen before by this
+    process. Chosen at random below the kernel's ephemeral range: a port probed inside it (as
+    `bind(0)` picks) can be taken meanwhile by any process's outgoing connection, which made a
+    child fail with "port in use" on a busy machine. Falls back to `bind(0)` when no such port
+    is free."""
     low = ephemeral_low()
     for _ in range(100):
         port = random.randrange(max(1024, low - PORT_SPAN), low)  # noqa: S311 - not a secret
+        if port in _handed_out:
+            continue
         with socket.socket() as sock:
             try:
                 sock.bind((host, port))
             except OSError:
                 continue
+            _handed_out.add(port)
             return port
     with socket.socket() as sock:
         sock.bind((host, 0))
