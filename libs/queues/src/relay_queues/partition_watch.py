@@ -82,13 +82,11 @@ class Watch:
     def summary(self, journal: QueueJournal, store: StoreLog) -> dict[str, Any]:
         """`partition_state.summary` of the partition, from the watch."""
         held = self.now(journal, store).held
-        mark = journal.marks.get(ps.mark_key(self.partition), "")
+        mark = self._mark(journal)
         return {
             "partition": self.partition,
             "mark": mark,
-            "digest": ps.whole_digest(
-                self.partition, self.partitions, mark, (h.digest for h in held.values())
-            ),
+            "digest": self._digest(mark, held),
             "queues": len(held),
             "messages": sum(h.messages for h in held.values()),
         }
@@ -96,10 +94,7 @@ class Watch:
     def changes(self, journal: QueueJournal, store: StoreLog) -> ps.Changes:
         """The queues changed since the watch's whole state, and the whole digest now."""
         now = self.now(journal, store)
-        mark = journal.marks.get(ps.mark_key(self.partition), "")
-        whole = ps.whole_digest(
-            self.partition, self.partitions, mark, (h.digest for h in now.held.values())
-        )
+        mark = self._mark(journal)
         return ps.Changes(
             self.partition,
             self.partitions,
@@ -107,7 +102,15 @@ class Watch:
             mark,
             tuple(now.changed),
             tuple(now.gone),
-            whole,
+            self._digest(mark, now.held),
+        )
+
+    def _mark(self, journal: QueueJournal) -> str:
+        return journal.marks.get(ps.mark_key(self.partition), "")
+
+    def _digest(self, mark: str, held: dict[str, Held]) -> str:
+        return ps.whole_digest(
+            self.partition, self.partitions, mark, (h.digest for h in held.values())
         )
 
 
