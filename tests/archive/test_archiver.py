@@ -127,6 +127,9 @@ async def _caught_up(store: ArchiveStore, bus: Bus, timeout_s: float = 30) -> No
 
 def _check_complete(store: ArchiveStore, epoch: str, sent: int) -> None:
     commands = reader.scan(store, epoch, topics.QUEUE_COMMANDS)
+    missing = {f"c{n}" for n in range(sent)} - set(commands.table["id"].to_pylist())
+    files = [(f.slot.topic, f.slot.partition, f.first, f.last) for f in store.list_files()]
+    assert not missing, (sorted(missing), sorted(files))
     assert sorted(commands.table["id"].to_pylist()) == sorted(f"c{n}" for n in range(sent))
     for partition, cover in commands.coverage.items():
         assert (cover.first, cover.gaps, cover.overlaps) == (0, (), 0), partition

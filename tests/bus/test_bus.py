@@ -4,7 +4,7 @@ broker's log is wiped under it."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
@@ -30,11 +30,13 @@ def _ping(n: int) -> schemas.Ping:
     )
 
 
-async def _eventually(check: Callable[[], bool], timeout_s: float = 20.0) -> None:
+async def _eventually(
+    check: Callable[[], bool], timeout_s: float = 20.0, state: Callable[[], object] = str
+) -> None:
     deadline = asyncio.get_running_loop().time() + timeout_s
     while not check():
         if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not reached in time")
+            raise AssertionError(f"condition not reached in time {state()}")
         await asyncio.sleep(0.05)
 
 
@@ -319,3 +321,65 @@ async def test_send_without_a_broker_raises_unavailable_within_its_budget(
         await bus.send(topics.QUEUE_COMMANDS, _ping(1), partition=0)
     assert asyncio.get_running_loop().time() - started < SEND_BUDGET_S + 1
     await bus.stop()
+
+
+async def test_a_rebalance_hands_on_nothing_fetched_before_it(kafka: Kafka) -> None:
+    """A group rebalance runs in aiokafka's coordinator task while a batch is in the handler's
+    hands: nothing fetched before a revocation or a seek is handed on after it, so a reader
+    that keeps its own resume point (the archiver: start where the files end) sees each
+    partition's offsets exactly once, in order, across members. Two members of one group share
+    that resume point here; the second joins while the first is mid-batch."""
+    events: list[tuple[str, int, int]] = []
+    next_offset: dict[int, int] = {}
+    handled: dict[int, int] = {}
+    revoked_at: list[float] = []
+
+    def handler_of(name: str) -> Callable[[Received], Awaitable[None]]:
+        async def handler(received: Received) -> None:
+            await asyncio.sleep(0.004)  # a slow handler: the rebalance finds a batch in hand
+            events.append((name, received.partition, received.offset))
+            handled[received.partition] = received.offset + 1
+
+        return handler
+
+    async def start_offsets(partitions: list[int]) -> dict[int, int]:
+        return {p: next_offset.get(p, 0) for p in partitions}
+
+    async def revoked(partitions: list[int]) -> None:
+        revoked_at.append(asyncio.get_running_loop().time())
+        for p in partitions:  # what was handled is "archived": the next start
+            if p in handled:
+                next_offset[p] = handled[p]
+
+    settings = _settings(kafka)
+    producer_bus = Bus(settings, client_id="producer", readiness=Readiness())
+    await producer_bus.start(5)
+    per_partition = 150
+    for n in range(per_partition):
+        for p in range(4):
+            await producer_bus.send(topics.QUEUE_COMMANDS, _ping(n), partition=p)
+    await producer_bus.stop()
+    members = [Bus(settings, client_id=f"m{k}", readiness=Readiness()) for k in range(2)]
+    for k, bus in enumerate(members):
+        bus.consumer(
+            topics.QUEUE_COMMANDS,
+            handler_of(f"m{k}"),
+            group_id="g-rebalance",
+            start_offsets=start_offsets,
+            on_revoked=revoked,
+        )
+    await members[0].start(5)
+    await _eventually(lambda: len(events) >= 20)
+    await members[1].start(5)
+    await _eventually(lambda: bool(revoked_at))
+    await _eventually(
+        lambda: all(handled.get(p) == per_partition for p in range(4)),
+        30,
+        lambda: (handled, next_offset, events[-20:]),
+    )
+    await asyncio.sleep(0.3)
+    for bus in members:
+        await bus.stop()
+    for p in range(4):
+        offsets = [offset for _, partition, offset in events if partition == p]
+        assert offsets == list(range(per_partition)), (p, offsets)

@@ -14,13 +14,18 @@ Invariants:
 - a record this build cannot decode is counted, logged once and skipped (it would fail forever),
   after `on_unreadable` (when given: the archiver, which keeps every record's bytes) returned
   for it; an `on_unreadable` that raises is retried like a handler;
+- nothing fetched before a seek to a start or a revocation is handed on after it: a group's
+  rebalance runs in aiokafka's coordinator task, so the listener waits for the record in hand
+  and drops the rest of the batch (a reader keeping its own resume point, the archiver, would
+  otherwise file records after a resume computed before them, or skip the ones between);
 - `stop()` lets the batch in hand finish, commits, and leaves the group before returning;
 - `reassign()` (fixed partitions only) returns once no record of a dropped partition is being
   handled or will be handed on (fetched ones are discarded), after committing what was handled;
 - with `start_offsets`, reading starts where it says, on every assignment (fixed partitions at
   start, a group's partitions at each rebalance) and again after the broker lost its log; the
   first record read is checked against it, and a client that began elsewhere (its committed
-  offset, fetched after the seek) is sought again before anything is handed on;
+  offset, fetched after the seek) is sought again before anything is handed on, until it
+  holds or the broker's log starts past it (retention);
   without it, from the committed offset (then the earliest), and from offset 0 after a loss.
 """
 
@@ -90,12 +95,20 @@ class _GroupListener(clients.ConsumerRebalanceListener):  # type: ignore[misc]
         self.owner = owner
 
     async def on_partitions_revoked(self, revoked: set[clients.TopicPartition]) -> None:
-        await self.owner._commit()
-        if self.owner.on_revoked is not None and revoked:
-            await self.owner.on_revoked(sorted(tp.partition for tp in revoked))
+        # aiokafka calls this from its coordinator task, while the loop may be handing on a
+        # batch: `_handling` waits for the record in hand, the fence drops the rest.
+        async with self.owner._handling:
+            self.owner._fence += 1
+            await self.owner._commit()
+            for tp in revoked:
+                self.owner._handled.pop(tp, None)
+                self.owner._sought.pop(tp, None)
+            if self.owner.on_revoked is not None and revoked:
+                await self.owner.on_revoked(sorted(tp.partition for tp in revoked))
 
     async def on_partitions_assigned(self, assigned: set[clients.TopicPartition]) -> None:
-        await self.owner._seek_start(sorted(tp.partition for tp in assigned))
+        async with self.owner._handling:
+            await self.owner._seek_start(sorted(tp.partition for tp in assigned))
         self.owner.assigned = True
         log.info(
             "partitions_assigned",
@@ -159,7 +172,11 @@ class Consumer:
         self._committing: asyncio.Task[None] | None = None
         self._next_commit = 0.0
         self._handling = asyncio.Lock()
-        """Held while a record is handed to the handler; `reassign` takes it to fence."""
+        """Held while a record is handed to the handler; `reassign` and the group listener
+        take it to fence."""
+        self._fence = 0
+        """Raised at every seek to a start and every revocation: a batch returned under an
+        older value is not handed on (its records are fetched again from the new position)."""
 
     @property
     def name(self) -> str:
@@ -212,6 +229,7 @@ class Consumer:
         self.assigned = True
 
     async def _seek_start(self, partitions: list[int]) -> None:
+        self._fence += 1
         if self.start_offsets is None or self._consumer is None or not partitions:
             return
         for partition, offset in (await self.start_offsets(partitions)).items():
@@ -276,22 +294,30 @@ class Consumer:
                 log.warning("consume_failed", topic=self.topic, error=str(error))
                 await asyncio.sleep(RETRY_BACKOFF_S)
                 continue
+            # aiokafka returns only records valid for the positions it holds now; a seek or a
+            # revocation from here on (the listener runs in its own task) makes them stale.
+            fence = self._fence
             for tp, records in batches.items():
-                await self._handle_records(tp, records)
+                await self._handle_records(tp, records, fence)
             if self.start_offsets is not None and self.partitions is not None:
                 self._commit_when_due()
             else:
                 await self._commit()
 
-    async def _handle_records(self, tp: clients.TopicPartition, records: list[object]) -> None:
-        """Hand `records` of one partition on in order, up to a failed one (read again after a
-        back-off) or until the partition is reassigned away."""
-        if records and not self._at_start(tp, getattr(records[0], "offset")):  # noqa: B009
-            return
+    async def _handle_records(
+        self, tp: clients.TopicPartition, records: list[object], fence: int
+    ) -> None:
+        """Hand `records` of one partition, fetched under `fence`, on in order, up to a failed
+        one (read again after a back-off) or until a seek or a revocation raises the fence."""
+        async with self._handling:
+            if not records or fence != self._fence:
+                return
+            if not await self._at_start(tp, getattr(records[0], "offset")):  # noqa: B009
+                return
         for message in records:
             async with self._handling:
-                if self.partitions is not None and tp.partition not in self.partitions:
-                    return  # reassigned away while this batch was in hand
+                if fence != self._fence:
+                    return  # sought or revoked while this batch was in hand
                 handled = await self._handle(tp, message)
                 if not handled and self._consumer is not None:
                     self._consumer.seek(tp, getattr(message, "offset"))  # noqa: B009
@@ -299,14 +325,15 @@ class Consumer:
                 await asyncio.sleep(RETRY_BACKOFF_S)
                 return
 
-    def _at_start(self, tp: clients.TopicPartition, first: int) -> bool:
+    async def _at_start(self, tp: clients.TopicPartition, first: int) -> bool:
         """Whether the first record read since `tp` was sought is where it was sought: a group
         client may start at its committed offset instead, when that fetch completes after the
         seek (aiokafka), and a reader that keeps its own resume point (the archiver) must not
-        skip what lies between. Sought again once; a second miss is taken as the log's start
-        (records removed by retention)."""
+        skip what lies between. Sought again until it holds; a record read past the sought
+        offset is accepted only when the broker's log starts past it too (retention removed
+        the records between)."""
         sought = self._sought.pop(tp, None)
-        if sought is None or first == sought[0]:
+        if sought is None or first == sought[0] or self._consumer is None:
             return True
         offset, again = sought
         log.warning(
@@ -317,10 +344,19 @@ class Consumer:
             read=first,
             again=again,
         )
-        if again or self._consumer is None:
-            return True
-        self._consumer.seek(tp, offset)
-        self._sought[tp] = (offset, True)
+        target = offset
+        if first > offset:
+            try:
+                start = (await self._consumer.beginning_offsets([tp]))[tp]
+            except clients.KafkaError as error:
+                log.warning("beginning_offset_unknown", topic=self.topic, error=str(error))
+                start = offset  # not known: sought again, asked again at the next miss
+            if start > offset:  # retention removed the records from `offset` on
+                if first == start:
+                    return True
+                target = start
+        self._consumer.seek(tp, target)
+        self._sought[tp] = (target, True)
         return False
 
     def _commit_when_due(self) -> None:
@@ -386,6 +422,9 @@ class Consumer:
     async def _commit(self) -> None:
         if self._consumer is None or self.group_id is None or not self._handled:
             return
+        held = self._consumer.assignment()
+        for tp in [tp for tp in self._handled if tp not in held]:
+            del self._handled[tp]  # not ours any more: its new reader commits it
         handled = dict(self._handled)
         offsets = {tp: clients.OffsetAndMetadata(offset, "") for tp, offset in handled.items()}
         try:
