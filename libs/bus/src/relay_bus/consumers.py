@@ -2,8 +2,9 @@
 
 Invariants:
 - at-least-once: an offset is committed only after the handler returned for that record and
-  every earlier one of its partition; a handler that raises is retried from the same record
-  after a back-off, so a record is never skipped because its handler failed;
+  every earlier one of its partition, or the consumer was sought past it (`start_offsets`);
+  a handler that raises is retried from the same record after a back-off, so a record is
+  never skipped because its handler failed;
 - a consumer on fixed partitions with `start_offsets` (the queue-writer's commands) keeps its
   own resume point, so its commits only show lag: they leave the record path, at most one
   under way, in the background, at most every `commit_interval_ms` (an OffsetCommit per batch
@@ -100,7 +101,7 @@ class _GroupListener(clients.ConsumerRebalanceListener):  # type: ignore[misc]
         async with self.owner._handling:
             self.owner._fence += 1
             await self.owner._commit()
-            for tp in revoked:
+            for tp in revoked:  # its new reader commits it (kept, every commit would fail)
                 self.owner._handled.pop(tp, None)
                 self.owner._sought.pop(tp, None)
             if self.owner.on_revoked is not None and revoked:
@@ -236,6 +237,9 @@ class Consumer:
             tp = clients.TopicPartition(self.physical_topic, partition)
             self._consumer.seek(tp, offset)
             self._sought[tp] = (offset, False)
+            # Committed as if handled up to there: what lies before was skipped on purpose,
+            # and the group's committed offset (its lag) says so.
+            self._handled[tp] = offset
 
     async def reassign(self, partitions: Sequence[int]) -> None:
         """Read `partitions` from now on (a consumer on fixed partitions). A dropped partition is
@@ -422,9 +426,6 @@ class Consumer:
     async def _commit(self) -> None:
         if self._consumer is None or self.group_id is None or not self._handled:
             return
-        held = self._consumer.assignment()
-        for tp in [tp for tp in self._handled if tp not in held]:
-            del self._handled[tp]  # not ours any more: its new reader commits it
         handled = dict(self._handled)
         offsets = {tp: clients.OffsetAndMetadata(offset, "") for tp, offset in handled.items()}
         try:
