@@ -254,6 +254,7 @@ class Consumer:
             return
         async with self._handling:
             self.partitions = wanted
+            self._fence += 1  # a batch in hand is not handed on: dropped or sought anew
             if self._consumer is None:
                 if wanted:
                     await self._open()
