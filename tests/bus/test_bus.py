@@ -383,3 +383,32 @@ async def test_a_rebalance_hands_on_nothing_fetched_before_it(kafka: Kafka) -> N
     for p in range(4):
         offsets = [offset for _, partition, offset in events if partition == p]
         assert offsets == list(range(per_partition)), (p, offsets)
+
+
+async def test_a_failed_check_marks_kafka_unready_and_never_ends_the_keeper(
+    own_kafka: Kafka,
+) -> None:
+    """The broker gone between the keeper's topic check and its epoch read: the epoch is not
+    read back, and writing one is retried until the send budget runs out. The round counts
+    that as Kafka not answering; it once raised `BusUnavailableError` out of the keeper, which
+    then never checked again (a wiped log later went unnoticed, and readiness stayed true)."""
+    readiness = Readiness()
+    bus = Bus(_settings(own_kafka, topic_check_interval_s=300), client_id="t", readiness=readiness)
+    await bus.start(5)
+    topics_checked = bus.ensure_topics
+
+    async def then_broker_gone() -> list[str]:
+        created = await topics_checked()
+        own_kafka.kill()
+        return created
+
+    bus.ensure_topics = then_broker_gone  # type: ignore[method-assign]
+    assert await bus.check() is False
+    assert not readiness.ready
+    bus.ensure_topics = topics_checked  # type: ignore[method-assign]
+    own_kafka.start()
+    deadline = asyncio.get_running_loop().time() + 60
+    while not await bus.check(healthy=False):  # the next rounds see it back
+        assert asyncio.get_running_loop().time() < deadline
+    assert readiness.ready
+    await bus.stop()

@@ -13,7 +13,8 @@ Invariants:
   the keeper recreates missing topics and tells every consumer to read again from offset 0,
   because old positions point past the end of the new log. Handlers are idempotent, so reading
   again is safe;
-- readiness condition `kafka` is true only while the last check succeeded; each consumer's
+- readiness condition `kafka` is true only while the last check succeeded (a check that fails
+  in any way counts as not answered: the keeper never stops); each consumer's
   condition follows its `assigned` as it changes (a restarted group member is ready the moment
   its partitions come back, not a check interval later).
 """
@@ -250,25 +251,30 @@ class Bus:
         healthy = True
         while True:
             await asyncio.sleep(self.settings.topic_check_interval_s)
-            try:
-                created = await self.ensure_topics()
-                epoch = await self._read_epoch()
-            except (clients.KafkaError, TimeoutError, OSError, TopicMismatchError) as error:
-                if healthy:
-                    log.warning("kafka_unavailable", error=str(error) or type(error).__name__)
-                healthy = False
-                self.readiness.set("kafka", False)
-                continue
-            if epoch != self.epoch:
-                _EPOCH_CHANGES.inc()
-                log.warning("kafka_log_lost", old_epoch=self.epoch, epoch=epoch, recreated=created)
-                self.epoch = epoch
-                for consumer in self.consumers:
-                    consumer.reset_to_beginning()
-            if not healthy:
-                log.info("kafka_available", epoch=epoch)
-            healthy = True
-            self.readiness.set("kafka", True)
+            healthy = await self.check(healthy)
+
+    async def check(self, healthy: bool = True) -> bool:
+        """One keeper round: the topics and the epoch; returns whether Kafka answered. Never
+        raises (the keeper must outlive any failure: writing a missing epoch record to a broker
+        that just went away raised `BusUnavailableError`, which ended the keeper for good)."""
+        try:
+            created = await self.ensure_topics()
+            epoch = await self._read_epoch()
+        except Exception as error:
+            if healthy:
+                log.warning("kafka_unavailable", error=str(error) or type(error).__name__)
+            self.readiness.set("kafka", False)
+            return False
+        if epoch != self.epoch:
+            _EPOCH_CHANGES.inc()
+            log.warning("kafka_log_lost", old_epoch=self.epoch, epoch=epoch, recreated=created)
+            self.epoch = epoch
+            for consumer in self.consumers:
+                consumer.reset_to_beginning()
+        if not healthy:
+            log.info("kafka_available", epoch=epoch)
+        self.readiness.set("kafka", True)
+        return True
 
     async def send(
         self,
