@@ -8,25 +8,6 @@ import pytest
 
 from tests import helpers
 
-LONGEST_FIRST = (
-    "tests/suite/",
-    "tests/operator/",
-    "tests/kv/",
-    "tests/spark/",
-    "tests/api/test_schemathesis.py",
-)
-"""Folders and modules whose tests take the longest, run first: `--dist loadscope` hands out
-modules in collection order, and a long module left to the end runs alone on one worker while
-the other idles."""
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    def rank(item: pytest.Item) -> int:
-        path = item.nodeid
-        return next((k for k, p in enumerate(LONGEST_FIRST) if path.startswith(p)), 99)
-
-    items.sort(key=rank)  # stable: a module's tests keep their order
-
 
 @pytest.fixture(scope="session")
 def shared_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[helpers.KafkaCluster]:
