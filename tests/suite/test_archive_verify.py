@@ -1,7 +1,8 @@
 """The archive end to end (issue 22): a suite runs queue, retained and durable-stream traffic
-with its archiver, stops; `relayctl export`, `rebuild` (Spark) and `verify` find it clean; one
-acknowledged message deleted from the queue-writer's journal is exactly one MISSING naming its
-queue and send, a flipped retained payload exactly one MISMATCH; a removed archive file exits 2."""
+with its archiver, stops; `relayctl export`, `rebuild` (Spark) and `verify` (the plain
+engine) find it clean; one acknowledged message deleted from the queue-writer's journal is
+exactly one MISSING naming its queue and send, a flipped retained payload exactly one
+MISMATCH; a removed archive file exits 2."""
 
 from __future__ import annotations
 
@@ -107,7 +108,9 @@ def test_export_rebuild_verify_and_the_errors_it_finds(tmp_path: Path) -> None:
         "--rebuilt",
         str(out / "rebuilt"),
     ]
-    done = relayctl(*verify, "--report", str(out / "clean"))
+    # The plain engine from here on: Spark rebuilt above and verifies the same archives in
+    # `tests/spark/test_jobs.py`, in one JVM of the module's (a JVM start here costs ~30 s).
+    done = relayctl(*verify, "--report", str(out / "clean"), "--engine", "python")
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     clean = json.loads((out / "clean" / "report.json").read_text())
     assert clean["counts"] == {"MISSING": 0, "EXTRA": 0, "MISMATCH": 0, "EXPLAINED": 0}
@@ -134,7 +137,6 @@ def test_export_rebuild_verify_and_the_errors_it_finds(tmp_path: Path) -> None:
         "--rebuilt",
         str(out / "rebuilt"),
     ]
-    # the plain engine (Spark finds the same, `tests/spark/test_jobs.py`; a JVM start saved)
     done = relayctl(*verify2, "--report", str(out / "damaged"), "--engine", "python")
     assert done.returncode == 1, done.stdout + done.stderr[-3000:]
     damaged = json.loads((out / "damaged" / "report.json").read_text())
