@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -7,6 +8,11 @@ from pathlib import Path
 import pytest
 
 from tests import helpers
+
+# The suite's brokers live seconds to minutes: the C2 compiler's warm-up was most of a fresh
+# broker's CPU (decision 0013), and C1 alone costs a third less there. Every broker a test
+# starts, in this process or through `relayctl`, reads it (`relayctl.kafka_broker.prepare`).
+os.environ.setdefault("KAFKA_OPTS", "-XX:TieredStopAtLevel=1")
 
 
 @pytest.fixture(scope="session")

@@ -83,3 +83,15 @@ def test_a_port_taken_before_the_node_binds_it_is_recognised_and_avoided(tmp_pat
             assert kafka_broker.failed_to_bind(cluster.log_path(1).read_text())
         finally:
             cluster.kill()
+
+
+def test_kafka_opts_reach_the_brokers_jvm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`KAFKA_OPTS`, as Kafka's own scripts read it: extra JVM options before the main class
+    (the test suite's brokers, short-lived, run on the C1 compiler only: `tests/conftest.py`)."""
+    node = _node(tmp_path)
+    monkeypatch.setenv("KAFKA_OPTS", "-XX:TieredStopAtLevel=1  -Dkafka.test='a b'")
+    command = kafka_broker.prepare(node, [node])
+    main = command.index("kafka.Kafka")
+    assert command[main - 4 : main - 2] == ["-XX:TieredStopAtLevel=1", "-Dkafka.test=a b"]
+    monkeypatch.delenv("KAFKA_OPTS")
+    assert "-XX:TieredStopAtLevel=1" not in kafka_broker.prepare(node, [node])

@@ -13,6 +13,7 @@ Invariants:
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 import uuid
@@ -164,6 +165,7 @@ def prepare(node: Node, voters: list[Node], cluster_id: str | None = None) -> li
         "-XX:MaxGCPauseMillis=20",
         "-Djava.awt.headless=true",
         f"-Dlog4j2.configurationFile={log4j}",
+        *shlex.split(os.environ.get("KAFKA_OPTS", "")),
         "-cp",
         f"{jars}/*",
     ]
