@@ -242,6 +242,8 @@ def test_max_retained_refuses_new_topics_but_updates_old(tmp_path: Path) -> None
         (lambda s: s.store("a", b"x", qos=3), BadInput),
         (lambda s: s.store("a", b"x", expiry_interval_s=0), BadInput),
         (lambda s: s.store("a", b"x", expiry_interval_s=1 << 32), BadInput),
+        (lambda s: s.store_many([Write("a", b"x", expires_at=0)]), BadInput),
+        (lambda s: s.store_many([Write("a", b"x", expires_at=1 << 63)]), BadInput),
         (lambda s: s.delete("a/#"), rules.TopicError),
         (lambda s: s.match("a/#/b"), rules.TopicError),
         (lambda s: s.match("#", after="a/+"), rules.TopicError),
@@ -362,3 +364,10 @@ def test_acknowledged_writes_survive_sigkill(tmp_path: Path) -> None:
     finally:
         if root.is_relative_to(shm):
             shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_write_with_expires_at_keeps_it_exactly(store: RetainedStore) -> None:
+    store.store_many([Write("a", b"x", 1, 60, NOW, expires_at=NOW + 1234)])
+    (found,) = store.every()
+    assert (found.ts, found.expires_at) == (NOW, NOW + 1234)
+    assert store.clear_expired(now=NOW + 1234) == 1

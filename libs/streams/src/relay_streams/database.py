@@ -259,16 +259,18 @@ class Database:
 
     def delete(
         self,
-        topic_filter: str,
+        topic_filter: str | None,
         predicate: Callable[[Message], bool] | None = None,
         start: int = 0,
     ) -> int:
         """Delete the messages matching the filter (ts >= start) for which `predicate` is
-        true (all, if None), in every generation; returns how many. Buffered messages are
-        written first, so they are considered too. Deletes are durable in chunks of
-        `_DELETE_CHUNK`: if `predicate` raises, earlier chunks stay deleted."""
+        true (all, if None), in every generation; returns how many. A `topic_filter` of None
+        is every topic, `$` topics included (as `every_message`: a partition's hand-off, not
+        a subscriber). Buffered messages are written first, so they are considered too.
+        Deletes are durable in chunks of `_DELETE_CHUNK`: if `predicate` raises, earlier
+        chunks stay deleted."""
         self._alive()
-        flt = _parse_filter(topic_filter)
+        flt = None if topic_filter is None else _parse_filter(topic_filter)
         _check_ts(start, "start")
         deleted = 0
         with self.egress.exclusive():
@@ -278,7 +280,7 @@ class Database:
                 for generation in generations:
                     layout = generation.layout
                     with self._lock:
-                        statics = layout.streams(flt)
+                        statics = layout.every_stream() if flt is None else layout.streams(flt)
                     for static in statics:
                         after = None
                         while True:

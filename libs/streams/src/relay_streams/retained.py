@@ -89,6 +89,9 @@ class Write:
     """Seconds until the message expires (MQTT 5 Message Expiry Interval); None: never."""
     ts: int | None = None
     """The message's Unix ms (expiry counts from it); None: the call's `now`."""
+    expires_at: int | None = None
+    """Unix ms at which it expires, in place of `expiry_interval_s` (a copy of a stored
+    message: `Retained.expires_at` as it stands); None: from `expiry_interval_s`."""
 
 
 @dataclass(frozen=True)
@@ -331,9 +334,8 @@ class RetainedStore:
                         f"{count} topics retained (max_retained); new topic {write.topic!r} "
                         "refused, no write of the call applied"
                     )
-                expiry = write.expiry_interval_s
                 at = ts if write.ts is None else write.ts
-                expires_at = None if expiry is None else at + expiry * 1000
+                expires_at = _expires_at(write, at)
                 value = _encode_value(
                     Retained(write.topic, write.payload, write.qos, at, expires_at)
                 )
@@ -378,7 +380,12 @@ class RetainedStore:
             not isinstance(at, int) or isinstance(at, bool) or not 0 <= at < 1 << 53
         ):
             raise BadInput(f"ts must be in 0..2**53-1, got {at!r}")
-        return topic_key(levels), levels, Write(write.topic, payload, qos, expiry, at)
+        until = write.expires_at
+        if until is not None and (
+            not isinstance(until, int) or isinstance(until, bool) or not 0 < until < 1 << 63
+        ):
+            raise BadInput(f"expires_at must be in 1..2**63-1, got {until!r}")
+        return topic_key(levels), levels, Write(write.topic, payload, qos, expiry, at, until)
 
     def delete(self, topic: str) -> bool:
         """Forget the topic's retained message; whether there was one. Durable when it returns.
@@ -492,6 +499,21 @@ class RetainedStore:
             start = topic_key(rules.parse_topic(after))
         return self._scan(levels, start, now_ms() if now is None else now)
 
+    def every(self) -> Iterator[Retained]:
+        """Every retained message in topic order, `$` topics and expired ones not yet swept
+        included (no filter, so no MQTT rule: for a partition's hand-off, not a subscriber);
+        reads the store as it was when it began."""
+        self._check_open()
+        options = ReadOptions()
+        options.set_iterate_upper_bound(EXPIRY)
+        it = self.db.iter(options)
+        it.seek(MESSAGES)
+        while it.valid():
+            self._check_open()
+            key = bytes(it.key())
+            yield _decode_value(_topic_of(key), bytes(it.value()))
+            it.next()
+
     def page(
         self,
         topic_filter: str = "#",
@@ -564,6 +586,12 @@ class RetainedStore:
                 it.next()
             else:
                 it.seek(MESSAGES + seek)
+
+
+def _expires_at(write: Write, at: int) -> int | None:
+    if write.expires_at is not None or write.expiry_interval_s is None:
+        return write.expires_at
+    return at + write.expiry_interval_s * 1000
 
 
 def _next_candidate(
