@@ -42,6 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tests import helpers  # noqa: E402
+from tests.runtime import handoff_calls  # noqa: E402
 from tests.runtime import test_queue_writer_handoff as handoff  # noqa: E402
 
 from relay_bus import clients, schemas, topics  # noqa: E402
@@ -91,10 +92,10 @@ async def fill(kafka: helpers.Kafka, queues: int) -> tuple[float, dict[int, int]
     reader = asyncio.create_task(read())
     try:
         made = 0
-        per_partition = dict.fromkeys(range(handoff.PARTITIONS), 0)
+        per_partition = dict.fromkeys(range(handoff_calls.PARTITIONS), 0)
         while made < queues:
-            queue, sender = ids.new_queue_ids(handoff.PARTITIONS)
-            partition = ids.partition_of(queue, handoff.PARTITIONS)
+            queue, sender = ids.new_queue_ids(handoff_calls.PARTITIONS)
+            partition = ids.partition_of(queue, handoff_calls.PARTITIONS)
             per_partition[partition] += 1
             create = schemas.CreateQueue(**request(), queue=queue, sender=sender, recipient_key=key)
             send = schemas.SendMessage(
@@ -123,9 +124,9 @@ def main() -> None:
     parser.add_argument("--queues", type=int, default=100_000)
     parser.add_argument("--budget-s", type=float, default=2.0)
     args = parser.parse_args()
-    handoff.CALL_TIMEOUT_S = 1800.0  # a prefetch of a whole partition
+    handoff_calls.CALL_TIMEOUT_S = 1800.0  # a prefetch of a whole partition
     summary: dict[str, Any] = {"queues": args.queues}
-    owners = [0] * handoff.PARTITIONS
+    owners = [0] * handoff_calls.PARTITIONS
     tmp = tempfile.mkdtemp(prefix="handoff-bench-", dir=ROOT / "var")
     print(f"logs and data: {tmp} (removed once the run succeeds)", flush=True)
     with helpers.kafka_cluster(Path(tmp) / "kafka") as cluster:
@@ -139,7 +140,9 @@ def main() -> None:
                 load.start(partition)
                 time.sleep(1.0)
                 started = time.monotonic()
-                moved = handoff.move(a, b, partition, owners, 2 + 2 * n, budget_s=args.budget_s)
+                moved = handoff_calls.move(
+                    a, b, partition, owners, 2 + 2 * n, budget_s=args.budget_s
+                )
                 move_s = time.monotonic() - started
                 scale_s += move_s
                 time.sleep(0.5)

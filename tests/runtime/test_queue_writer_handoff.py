@@ -18,7 +18,7 @@ import asyncio
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,16 +33,23 @@ from relay_bus import clients, schemas, topics
 from relay_queues import ids
 from relay_queues import partition_state as ps
 from tests import helpers
+from tests.runtime.handoff_calls import (
+    AUTH,
+    PARTITIONS,
+    TOKEN,
+    call,
+    digest,
+    export,
+    import_,
+    move,
+    ok,
+    serving,
+)
 
-TOKEN = "handoff-token"
-AUTH = {"authorization": f"Bearer {TOKEN}"}
-PARTITIONS = 4
 MOVED = 1
 SEND_INTERVAL_S = 0.02
 LOAD_QUEUES = 4
 PER_QUEUE = 120
-CALL_TIMEOUT_S = 30.0
-"""Of each hand-off call (`bench/handoff_bench.py` raises it for its large partitions)."""
 
 
 def _env(kafka: helpers.Kafka, data_dir: Path, ordinal: int) -> dict[str, str]:
@@ -74,116 +81,6 @@ def one_then_two(kafka: helpers.Kafka, root: Path) -> Iterator[tuple[str, str]]:
             for k in (0, 1)
         )
         yield a, b
-
-
-def _call(method: str, url: str, body: Any = None) -> httpx.Response:
-    return httpx.request(method, url, json=body, headers=AUTH, timeout=CALL_TIMEOUT_S)
-
-
-def _ok(response: httpx.Response) -> dict[str, Any]:
-    assert response.status_code == 200, response.text
-    body: dict[str, Any] = response.json()
-    return body
-
-
-def _install(url: str, generation: int, owners: list[int]) -> dict[str, Any]:
-    assignment = {"generation": generation, "partitions": PARTITIONS, "replicas": 2}
-    return _ok(_call("PUT", f"{url}/internal/ownership", {**assignment, "assignment": owners}))
-
-
-def _serving(*urls: str) -> list[list[int]]:
-    return [_ok(_call("GET", f"{url}/internal/ownership"))["serving"] for url in urls]
-
-
-def _one_owner(*urls: str) -> None:
-    flat = [p for share in _serving(*urls) for p in share]
-    assert len(flat) == len(set(flat)), f"two owners: {_serving(*urls)}"
-
-
-def _export(url: str, partition: int) -> dict[str, Any]:
-    return _ok(_call("GET", f"{url}/internal/partitions/{partition}/export"))
-
-
-def _import(url: str, state: dict[str, Any]) -> dict[str, Any]:
-    return _ok(_call("PUT", f"{url}/internal/partitions/{state['partition']}/import", state))
-
-
-def _pull(target: str, step: str, source: str, partition: int) -> dict[str, Any]:
-    """`prefetch` or `catch-up` on the target from the source."""
-    url = f"{target}/internal/partitions/{partition}/{step}"
-    return _ok(_call("POST", url, {"source": source}))
-
-
-def _digest(url: str, partition: int) -> str:
-    digest: str = _ok(_call("GET", f"{url}/internal/partitions/{partition}/state"))["digest"]
-    return digest
-
-
-@dataclass
-class Moved:
-    committed: bool
-    pause_s: float
-    source_digest: str
-    target_digest: str
-    prefetch_s: float
-    steps_s: dict[str, float] = field(default_factory=dict)
-    """Within the pause: the source's pause (its install), the catch-up, the commit."""
-    carried: dict[str, Any] = field(default_factory=dict)
-    """What the catch-up carried: `queues`, `deleted`, and `whole` (False: the changes only)."""
-
-
-def move(
-    source: str,
-    target: str,
-    partition: int,
-    before: list[int],
-    generation: int,
-    budget_s: float = 2.0,
-    after_prefetch: Callable[[], None] = lambda: None,
-) -> Moved:
-    """Move `partition` from `source` to `target` (the operator's part, see the docstring)."""
-    after = list(before)
-    after[partition] = 1 - before[partition]
-    started = time.monotonic()
-    _pull(target, "prefetch", source, partition)  # the source keeps serving
-    prefetch_s = time.monotonic() - started
-    _one_owner(source, target)
-    after_prefetch()
-
-    assignment = {"generation": generation, "partitions": PARTITIONS, "replicas": 2}
-    paused = time.monotonic()
-    # pause: once it answers, the source applies no command of the partition
-    at_pause = _ok(
-        _call(
-            "POST",
-            f"{source}/internal/partitions/{partition}/pause",
-            {**assignment, "assignment": after},
-        )
-    )
-    fenced = time.monotonic()
-    assert not at_pause["serving"], at_pause
-    source_digest = at_pause["digest"]
-    caught_up = _pull(target, "catch-up", source, partition)
-    target_digest, carried = caught_up["digest"], caught_up["carried"]
-    copied = time.monotonic()
-    steps = {"pause": fenced - paused, "catch_up": copied - fenced}
-    pause_s = copied - paused
-    if pause_s > budget_s or source_digest != target_digest:
-        # Roll back: the source serves again under a newer generation giving it back, told
-        # first; the target forgets what it imported.
-        _install(source, generation + 1, before)
-        _install(target, generation + 1, before)
-        _ok(_call("DELETE", f"{target}/internal/partitions/{partition}"))
-        pause_s = time.monotonic() - paused
-        return Moved(False, pause_s, source_digest, target_digest, prefetch_s, steps, carried)
-    taken = _install(target, generation, after)  # commit
-    steps["commit"] = time.monotonic() - copied
-    pause_s = time.monotonic() - paused
-    assert partition in taken["serving"], taken
-    _one_owner(source, target)
-    assert _digest(source, partition) == source_digest  # nothing changed it after the pause
-    _ok(_call("DELETE", f"{source}/internal/partitions/{partition}"))  # release
-    return Moved(True, pause_s, source_digest, target_digest, prefetch_s, steps, carried)
 
 
 @dataclass
@@ -306,7 +203,7 @@ class Load:
 
 def bodies(url: str, partition: int) -> dict[str, list[str]]:
     """Each queue's message bodies on the partition at `url`, in order."""
-    state = ps.from_json(_export(url, partition))
+    state = ps.from_json(export(url, partition))
     return {q.record.recipient_id: [m.body.decode() for m in q.messages] for q in state.queues}
 
 
@@ -314,7 +211,7 @@ def test_a_partition_moves_from_one_instance_to_two_under_load(
     kafka: helpers.Kafka, tmp_path: Path
 ) -> None:
     with one_then_two(kafka, tmp_path) as (a, b):
-        assert _serving(a, b) == [[0, 1, 2, 3], []]
+        assert serving(a, b) == [[0, 1, 2, 3], []]
         load = Load(kafka)
         load.start(MOVED)
         time.sleep(1.0)
@@ -333,15 +230,15 @@ def test_a_partition_moves_from_one_instance_to_two_under_load(
         time.sleep(1.0)
         acknowledged = load.finish()
 
-        assert _serving(a, b) == [[0, 2, 3], [1]]
+        assert serving(a, b) == [[0, 2, 3], [1]]
         assert sum(map(len, acknowledged.values())) == len(load.sent) > 20  # every one 201
         # The target's digest, from its watch through the commands it served since the
         # commit, is a whole collection's.
-        assert _digest(b, MOVED) == _export(b, MOVED)["digest"]
+        assert digest(b, MOVED) == export(b, MOVED)["digest"]
         # Every acknowledged message is on the target, in the order sent, and nothing else.
         assert bodies(b, MOVED) == acknowledged
         # The source forgot its copy (release): the empty partition's digest.
-        assert _digest(a, MOVED) == ps.digest(ps.empty(MOVED, PARTITIONS))
+        assert digest(a, MOVED) == ps.digest(ps.empty(MOVED, PARTITIONS))
 
 
 def test_a_catch_up_over_a_state_not_the_prefetched_one_pulls_the_whole_partition(
@@ -357,7 +254,7 @@ def test_a_catch_up_over_a_state_not_the_prefetched_one_pulls_the_whole_partitio
         time.sleep(0.5)
 
         def put_back_another_state() -> None:
-            held = ps.from_json(_export(a, MOVED))  # the source's watch, as a prefetch leaves it
+            held = ps.from_json(export(a, MOVED))  # the source's watch, as a prefetch leaves it
             assert isinstance(held, ps.PartitionState)
             while True:
                 queue, sender = ids.new_queue_ids(PARTITIONS)
@@ -367,7 +264,7 @@ def test_a_catch_up_over_a_state_not_the_prefetched_one_pulls_the_whole_partitio
             other = ps.PartitionState(
                 MOVED, PARTITIONS, held.mark, (*held.queues, ps.QueueState(record, False, ()))
             )
-            _import(b, {**ps.to_json(other), "since": _export(a, MOVED)["since"]})
+            import_(b, {**ps.to_json(other), "since": export(a, MOVED)["since"]})
 
         moved = move(a, b, MOVED, [0, 0, 0, 0], generation=2, after_prefetch=put_back_another_state)
         assert moved.committed, moved
@@ -393,11 +290,11 @@ def test_a_pause_past_its_budget_rolls_back_and_the_source_serves_again(
         time.sleep(1.0)
         acknowledged = load.finish()
 
-        assert _serving(a, b) == [[0, 1, 2, 3], []]
-        assert _ok(_call("GET", f"{b}/internal/ownership"))["generation"] == 3
+        assert serving(a, b) == [[0, 1, 2, 3], []]
+        assert ok(call("GET", f"{b}/internal/ownership"))["generation"] == 3
         assert sum(map(len, acknowledged.values())) == len(load.sent) > 10
         assert bodies(a, MOVED) == acknowledged
-        assert _digest(b, MOVED) == ps.digest(ps.empty(MOVED, PARTITIONS))
+        assert digest(b, MOVED) == ps.digest(ps.empty(MOVED, PARTITIONS))
 
 
 def test_bad_hand_off_requests_are_refused_and_change_nothing(
@@ -407,8 +304,8 @@ def test_bad_hand_off_requests_are_refused_and_change_nothing(
         load = Load(kafka)
         load.start(MOVED)
         load.finish()
-        good = _export(a, MOVED)
-        before = (_digest(a, MOVED), _digest(b, MOVED), _serving(a, b))
+        good = export(a, MOVED)
+        before = (digest(a, MOVED), digest(b, MOVED), serving(a, b))
         assert before[0] != before[1]
         url = f"{b}/internal/partitions/{MOVED}"
         dead = f"http://127.0.0.1:{helpers.free_port()}"
@@ -420,51 +317,51 @@ def test_bad_hand_off_requests_are_refused_and_change_nothing(
         }
         cases = [
             (
-                _call("PUT", f"{b}/internal/partitions/{PARTITIONS}/import", good),
+                call("PUT", f"{b}/internal/partitions/{PARTITIONS}/import", good),
                 400,
                 "BAD_PARTITION",
             ),
-            (_call("GET", f"{b}/internal/partitions/x/state"), 400, "BAD_PARTITION"),
+            (call("GET", f"{b}/internal/partitions/x/state"), 400, "BAD_PARTITION"),
             (httpx.put(f"{url}/import", content=b"{", headers=AUTH), 400, "BAD_JSON"),
-            (_call("PUT", f"{url}/import", {**good, "digest": "0" * 64}), 400, "BAD_STATE"),
-            (_call("PUT", f"{url}/import", {**good, "mark": 5}), 400, "BAD_STATE"),
-            (_call("PUT", f"{b}/internal/partitions/2/import", good), 400, "PARTITION_MISMATCH"),
+            (call("PUT", f"{url}/import", {**good, "digest": "0" * 64}), 400, "BAD_STATE"),
+            (call("PUT", f"{url}/import", {**good, "mark": 5}), 400, "BAD_STATE"),
+            (call("PUT", f"{b}/internal/partitions/2/import", good), 400, "PARTITION_MISMATCH"),
             # a serves the partition: an import or a delete there would lose its commands
             (
-                _call("PUT", f"{a}/internal/partitions/{MOVED}/import", good),
+                call("PUT", f"{a}/internal/partitions/{MOVED}/import", good),
                 409,
                 "PARTITION_SERVED",
             ),
-            (_call("DELETE", f"{a}/internal/partitions/{MOVED}"), 409, "PARTITION_SERVED"),
+            (call("DELETE", f"{a}/internal/partitions/{MOVED}"), 409, "PARTITION_SERVED"),
             (httpx.put(f"{url}/import", json=good), 403, "FORBIDDEN"),
             (httpx.get(f"{url}/export", headers={"authorization": "Bearer no"}), 403, "FORBIDDEN"),
             (httpx.delete(url), 403, "FORBIDDEN"),
-            (_call("POST", f"{url}/prefetch", {"source": "nowhere"}), 400, "BAD_SOURCE"),
-            (_call("POST", f"{url}/prefetch", {"source": dead}), 502, "SOURCE_UNAVAILABLE"),
+            (call("POST", f"{url}/prefetch", {"source": "nowhere"}), 400, "BAD_SOURCE"),
+            (call("POST", f"{url}/prefetch", {"source": dead}), 502, "SOURCE_UNAVAILABLE"),
             # a still serves it: no catch-up from it, and no pull into it
-            (_call("POST", f"{url}/catch-up", {"source": a}), 409, "SOURCE_SERVING"),
+            (call("POST", f"{url}/catch-up", {"source": a}), 409, "SOURCE_SERVING"),
             (
-                _call("POST", f"{a}/internal/partitions/{MOVED}/prefetch", {"source": b}),
+                call("POST", f"{a}/internal/partitions/{MOVED}/prefetch", {"source": b}),
                 409,
                 "PARTITION_SERVED",
             ),
             # changes are carried by a catch-up, never imported
             (
-                _call("PUT", f"{url}/import", {**good, "changes": True, "deleted": []}),
+                call("PUT", f"{url}/import", {**good, "changes": True, "deleted": []}),
                 400,
                 "BAD_STATE",
             ),
             # a pause must take the partition from the instance paused
-            (_call("POST", f"{a}/internal/partitions/{MOVED}/pause", stay), 400, "NOT_A_MOVE"),
-            (_call("POST", f"{url}/pause", {"generation": 2}), 400, "BAD_ASSIGNMENT"),
+            (call("POST", f"{a}/internal/partitions/{MOVED}/pause", stay), 400, "NOT_A_MOVE"),
+            (call("POST", f"{url}/pause", {"generation": 2}), 400, "BAD_ASSIGNMENT"),
         ]
         for response, status, code in cases:
             assert (response.status_code, response.json()["error"]) == (status, code), response.text
-        assert (_digest(a, MOVED), _digest(b, MOVED), _serving(a, b)) == before
-        assert _ok(_call("GET", f"{a}/internal/ownership"))["generation"] == 1
+        assert (digest(a, MOVED), digest(b, MOVED), serving(a, b)) == before
+        assert ok(call("GET", f"{a}/internal/ownership"))["generation"] == 1
         # Changes since a name the instance does not hold: the whole state.
-        unknown = _ok(_call("GET", f"{a}/internal/partitions/{MOVED}/export?since=nobody"))
+        unknown = ok(call("GET", f"{a}/internal/partitions/{MOVED}/export?since=nobody"))
         assert "changes" not in unknown
         assert unknown["digest"] == before[0]
         # The same import twice gives the same state (idempotent).
-        assert _import(b, good)["digest"] == good["digest"] == _import(b, good)["digest"]
+        assert import_(b, good)["digest"] == good["digest"] == import_(b, good)["digest"]

@@ -11,9 +11,11 @@ stores' marks record for it: `relay_streams.marks`).
 Invariants:
 - `digest` is a pure function of that data: two retainers holding the same messages of a
   partition give the same digest, and any difference in a retained message (topic, payload,
-  qos, ts, expiry), in a stream message (database, topic, ts, payload, or the order of a
-  topic's messages) or in the mark gives another one (SHA-256 over a canonical,
-  length-prefixed encoding);
+  qos, ts, expiry) or in a stream message (database, topic, ts, payload, or the order of a
+  topic's messages) gives another one (SHA-256 over a canonical, length-prefixed encoding).
+  The mark is not in it: a retainer resumes a partition from its group's committed offset,
+  not from its stores' marks (which only cut exports), and an install that writes nothing
+  records no mark;
 - `install` goes through the stores' own writes (`store_many`, `store_batch`, `delete`), never
   their files, and replaces the partition's data on the target as a whole: installing the
   same state twice gives the same state (the digest after it equals the source's), other
@@ -82,7 +84,6 @@ def digest(state: PartitionState) -> str:
     h = hashlib.sha256()
     for part in (b"retainer-partition", _int(state.partition), _int(state.partitions)):
         h.update(_field(part))
-    h.update(_field(state.mark.encode()))
     h.update(_field(_int(len(state.retained))))
     for m in state.retained:
         for part in (m.topic.encode(), m.payload, _int(m.qos), _int(m.ts), _int(m.expires_at)):

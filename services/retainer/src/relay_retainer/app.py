@@ -3,8 +3,9 @@ serves (those the newest generation of the pool's assignment gives it, fenced:
 `relay_bus.fencing`, decision 0019).
 
 Wiring only: settings (`relay_retainer.settings`), the bus and its consumers, the stores'
-lifecycles, probe routes. Request handling lives in `relay_retainer.ds` (durable streams) and
-`relay_retainer.retained` (retained messages), the stores in `relay_streams`.
+lifecycles, probe, ownership and hand-off routes. Request handling lives in `relay_retainer.ds`
+(durable streams) and `relay_retainer.retained` (retained messages), the hand-off in
+`relay_retainer.handoff`, the stores in `relay_streams`.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from relay_retainer import resume
 from relay_retainer.ds import DsRequests
 from relay_retainer.ds_targets import TargetSync
 from relay_retainer.exports import RetainerExports
+from relay_retainer.handoff import RetainerHandoff
 from relay_retainer.replication import RetainedReplication
 from relay_retainer.retained import RetainedHost, RetainedRequests
 from relay_retainer.settings import RetainerSettings
@@ -114,6 +116,8 @@ def build(config: RetainerSettings) -> tuple[FastAPI, BusLifecycle]:
         serve,
     )
 
+    handoff = RetainerHandoff(bus, host, retained_host, owner, config.kafka.partitions, token)
+
     async def open_data_dir() -> None:
         ownership.claim_data_dir(config.data.dir, SERVICE, ordinal, config.kafka.partitions)
 
@@ -133,7 +137,8 @@ def build(config: RetainerSettings) -> tuple[FastAPI, BusLifecycle]:
     close_replication = () if replication is None else (replication.close,)
     close_targets = () if targets is None else (targets.close,)
     app = FastAPI(
-        title="Relay retainer", routes=[*probe_routes(readiness), *ownership_routes(owner, token)]
+        title="Relay retainer",
+        routes=[*probe_routes(readiness), *ownership_routes(owner, token), *handoff.routes()],
     )
     lifecycle = BusLifecycle(
         bus,
@@ -148,6 +153,7 @@ def build(config: RetainerSettings) -> tuple[FastAPI, BusLifecycle]:
             retained_host.stop_writing,
         ),
         after_stop=(
+            handoff.close,
             *close_targets,
             host.close,
             retained_host.close,
