@@ -256,7 +256,7 @@ def running_service(
     ):
         process = subprocess.Popen(
             [str(BIN / script)],
-            env=service_env(RELAY_HTTP__PORT=str(port), RELAY_INSTANCE=script, **env),
+            env=service_env(**{"RELAY_HTTP__PORT": str(port), "RELAY_INSTANCE": script, **env}),
             stdout=subprocess.DEVNULL,
             stderr=stderr,
         )

@@ -1,0 +1,307 @@
+"""Hand-off of one retainer partition between real processes (decision 0022): two retainers on
+the real Apache Kafka broker, started as their console script, a load of retained publishes
+and durable-stream stores put on the moved partition of `relay.publications` as the ingress
+puts them, their answers read back from the ingress inbox, and the operator's part played by
+`handoff_calls.move`."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from aiokafka import TopicPartition
+
+from relay_bus import clients, routing, schemas, topics
+from relay_durable import codec
+from relay_streams import partition_state as ps
+from tests import helpers
+from tests.runtime.handoff_calls import (
+    AUTH,
+    PARTITIONS,
+    TOKEN,
+    call,
+    digest,
+    export,
+    import_,
+    move,
+    ok,
+    serving,
+)
+
+MOVED = 1
+KEPT = 2
+"""A partition that stays on the source all along."""
+DB = "messages"
+TOPICS = 6
+INTERVAL_S = 0.02
+
+
+def _env(kafka: helpers.Kafka, data_dir: Path, ordinal: int) -> dict[str, str]:
+    return {
+        **kafka.env(),
+        "RELAY_KAFKA__PARTITIONS": str(PARTITIONS),
+        "RELAY_ADMIN_TOKEN": TOKEN,
+        "RELAY_DATA__DIR": str(data_dir),
+        "RELAY_DATA__ORDINAL": str(ordinal),
+        "RELAY_DATA__REPLICAS": "1",
+        "RELAY_INSTANCE": f"retainer-{ordinal}",
+    }
+
+
+@contextmanager
+def one_then_two(kafka: helpers.Kafka, root: Path) -> Iterator[tuple[str, str]]:
+    """Retainer 0 serving every partition (generation 1) and retainer 1, owning nothing."""
+    with ExitStack() as stack:
+        a, b = (
+            stack.enter_context(
+                helpers.running_service(
+                    "relay-retainer",
+                    60,
+                    log=root / f"retainer-{k}.log",
+                    **_env(kafka, root / f"d{k}", k),
+                )
+            )
+            for k in (0, 1)
+        )
+        yield a, b
+
+
+def topics_of(partition: int, prefix: str) -> list[str]:
+    found = (f"{prefix}/{i}" for i in range(10_000))
+    return [t for t in found if routing.partition_of_topic(t, PARTITIONS) == partition][:TOPICS]
+
+
+@dataclass
+class Load:
+    """In turn, on `TOPICS` topics of one partition: a retained publish (payload: its rank) and
+    a durable-stream store of one message (the same rank), one pair every `interval_s` until
+    stopped, awaiting only Kafka's acknowledgement; answers read from the inbox by id."""
+
+    kafka: helpers.Kafka
+    partition: int
+    interval_s: float = INTERVAL_S
+    origin: str = field(default_factory=lambda: f"rhandoff-{uuid.uuid4().hex[:8]}")
+    sent: list[tuple[str, str, str, str]] = field(default_factory=list)
+    """(request id, "retained" or "stream", topic, payload text) in the order put on Kafka."""
+    replies: dict[str, schemas.DsReply] = field(default_factory=dict)
+    stop: threading.Event = field(default_factory=threading.Event)
+    started: threading.Event = field(default_factory=threading.Event)
+    done: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
+
+    def start(self) -> None:
+        threading.Thread(target=self._thread, daemon=True).start()
+        assert self.started.wait(60), self.error
+
+    def _thread(self) -> None:
+        try:
+            asyncio.run(self._run())
+        except BaseException as error:  # reported by the test
+            self.error = error
+        finally:
+            self.done.set()
+
+    def _request(self) -> dict[str, Any]:
+        return {
+            "id": uuid.uuid4().hex,
+            "origin": self.origin,
+            "reply_slot": 0,
+            "deadline_ms": time.time() * 1000 + 120_000,
+        }
+
+    async def _run(self) -> None:
+        settings = self.kafka.settings()
+        producer = clients.producer(settings, f"{self.origin}-p")
+        consumer = clients.consumer(settings, f"{self.origin}-c", None)
+        await producer.start()
+        await consumer.start()
+        consumer.assign([TopicPartition(self.kafka.prefix + topics.INGRESS_INBOX, 0)])
+        await consumer.seek_to_end()
+        publications = self.kafka.prefix + topics.PUBLICATIONS
+        reader = asyncio.create_task(self._read(consumer))
+        retained, streams = topics_of(self.partition, "r"), topics_of(self.partition, "s")
+        try:
+            rank = 0
+            while not self.stop.is_set():
+                payload = f"{rank:06d}"
+                now = int(time.time() * 1000)
+                publish = schemas.Publication(
+                    **self._request(),
+                    topic=retained[rank % TOPICS],
+                    payload=codec.b64u(payload.encode()),
+                    ts=now,
+                    retain=True,
+                )
+                store = schemas.DsRequest(
+                    **self._request(),
+                    op="store",
+                    db=DB,
+                    messages=(
+                        schemas.DsMessage(
+                            topic=streams[rank % TOPICS],
+                            payload=codec.b64u(payload.encode()),
+                            ts=now,
+                        ),
+                    ),
+                )
+                for record, kind, topic in (
+                    (publish, "retained", publish.topic),
+                    (store, "stream", store.messages[0].topic),
+                ):
+                    await producer.send_and_wait(
+                        publications, schemas.encode(record), partition=self.partition
+                    )
+                    self.sent.append((record.id, kind, topic, payload))
+                rank += 1
+                self.started.set()
+                await asyncio.sleep(self.interval_s)
+            deadline = time.monotonic() + 60
+            while any(i not in self.replies for i, *_ in self.sent):
+                assert time.monotonic() < deadline, "answers missing"
+                await asyncio.sleep(0.05)
+        finally:
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
+            await producer.stop()
+            await consumer.stop()
+
+    async def _read(self, consumer: Any) -> None:
+        while True:
+            batches = await consumer.getmany(timeout_ms=200)
+            for records in batches.values():
+                for raw in records:
+                    record = schemas.decode(raw.value)
+                    if isinstance(record, schemas.DsReply) and record.origin == self.origin:
+                        self.replies[record.id] = record
+
+    def finish(self) -> tuple[dict[str, str], dict[str, list[str]]]:
+        """Stop, wait for every answer; each retained topic's last payload and each stream
+        topic's payloads in send order, all acknowledged (202 and 201, checked)."""
+        self.stop.set()
+        assert self.done.wait(90)
+        assert self.error is None, repr(self.error)
+        last: dict[str, str] = {}
+        stored: dict[str, list[str]] = {}
+        for i, kind, topic, payload in self.sent:
+            assert self.replies[i].status == (202 if kind == "retained" else 201), self.replies[i]
+            if kind == "retained":
+                last[topic] = payload
+            else:
+                stored.setdefault(topic, []).append(payload)
+        return last, stored
+
+
+def held(url: str, partition: int) -> tuple[dict[str, str], dict[str, list[str]]]:
+    """What the retainer at `url` holds of `partition`: retained payloads, stream payloads."""
+    belongs = lambda topic: routing.partition_of_topic(topic, PARTITIONS) == partition  # noqa: E731
+    state = ps.from_json(export(url, partition), belongs)
+    stored: dict[str, list[str]] = {}
+    for _db, messages in state.streams:
+        for m in messages:
+            stored.setdefault(m.topic, []).append(m.payload.decode())
+    return {m.topic: m.payload.decode() for m in state.retained}, stored
+
+
+def test_a_partition_moves_from_one_retainer_to_two_under_load(
+    kafka: helpers.Kafka, tmp_path: Path
+) -> None:
+    with one_then_two(kafka, tmp_path) as (a, b):
+        assert serving(a, b) == [[0, 1, 2, 3], []]
+        # As fast as Kafka takes them: writes of the moved partition are in flight at the pause
+        load, kept = Load(kafka, MOVED, interval_s=0.0), Load(kafka, KEPT)
+        load.start()
+        kept.start()
+        time.sleep(1.0)
+        moved = move(a, b, MOVED, [0, 0, 0, 0], generation=2)
+        assert not load.done.is_set()  # the move happened under the load
+        steps = ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in moved.steps_s.items())
+        print(
+            f"\nretainer move of partition {MOVED}: pause {moved.pause_s * 1000:.0f} ms "
+            f"({steps}), prefetch {moved.prefetch_s * 1000:.0f} ms, {len(load.sent)} writes"
+        )
+        assert moved.committed, moved
+        time.sleep(1.0)
+        acknowledged, kept_acknowledged = load.finish(), kept.finish()
+
+        assert serving(a, b) == [[0, 2, 3], [1]]
+        assert len(load.sent) > 40
+        # Every acknowledged write is on the target, streams in the order sent, nothing else.
+        assert held(b, MOVED) == acknowledged
+        assert held(a, KEPT) == kept_acknowledged
+        assert held(b, KEPT) == ({}, {})
+        # The source forgot its copy (release).
+        assert digest(a, MOVED) == ps.digest(ps.empty(MOVED, PARTITIONS))
+
+
+def test_a_pause_past_its_budget_rolls_back_and_the_source_keeps_everything(
+    kafka: helpers.Kafka, tmp_path: Path
+) -> None:
+    with one_then_two(kafka, tmp_path) as (a, b):
+        load = Load(kafka, MOVED)
+        load.start()
+        time.sleep(0.5)
+        moved = move(a, b, MOVED, [0, 0, 0, 0], generation=2, budget_s=0.0)
+        assert not moved.committed
+        time.sleep(0.5)
+        acknowledged = load.finish()
+        assert serving(a, b) == [[0, 1, 2, 3], []]
+        assert held(a, MOVED) == acknowledged
+        assert digest(b, MOVED) == ps.digest(ps.empty(MOVED, PARTITIONS))
+
+
+def test_bad_hand_off_requests_are_refused_and_change_nothing(
+    kafka: helpers.Kafka, tmp_path: Path
+) -> None:
+    with one_then_two(kafka, tmp_path) as (a, b):
+        load = Load(kafka, MOVED)
+        load.start()
+        time.sleep(0.3)
+        load.finish()
+        good = export(a, MOVED)
+        del good["serving"]
+        before = (digest(a, MOVED), digest(b, MOVED), serving(a, b))
+        assert before[0] != before[1]
+        url = f"{b}/internal/partitions/{MOVED}"
+        other = next(
+            t
+            for t in (f"x/{i}" for i in range(100))
+            if routing.partition_of_topic(t, PARTITIONS) != MOVED
+        )
+        foreign = {**good, "retained": [[other, "YQ", 0, 1, None]]}
+        cases = [
+            (call("PUT", f"{url}/import", {**good, "digest": "0" * 64}), 400, "BAD_STATE"),
+            (call("PUT", f"{url}/import", foreign), 400, "BAD_STATE"),
+            (
+                call("PUT", f"{url}/import", {**good, "streams": {DB: [["s/0", -1, "YQ"]]}}),
+                400,
+                "BAD_STATE",
+            ),
+            (call("PUT", f"{b}/internal/partitions/2/import", good), 400, "PARTITION_MISMATCH"),
+            (call("PUT", f"{url}/import", {**good, "partitions": 8}), 400, "PARTITION_MISMATCH"),
+            (httpx.put(f"{url}/import", content=b"{", headers=AUTH), 400, "BAD_JSON"),
+            (httpx.put(f"{url}/import", json=good), 403, "FORBIDDEN"),
+            (call("PUT", f"{a}/internal/partitions/{MOVED}/import", good), 409, "PARTITION_SERVED"),
+            (call("DELETE", f"{a}/internal/partitions/{MOVED}"), 409, "PARTITION_SERVED"),
+            (call("POST", f"{url}/catch-up", {"source": a}), 409, "SOURCE_SERVING"),
+        ]
+        for response, status, code in cases:
+            assert (response.status_code, response.json().get("error")) == (status, code), (
+                response.request.method,
+                response.request.url,
+                response.text,
+            )
+        assert (digest(a, MOVED), digest(b, MOVED), serving(a, b)) == before
+
+        # A good import installs the source's state; the same import twice, the same state.
+        assert import_(b, good)["digest"] == good["digest"] == import_(b, good)["digest"]
+        assert held(b, MOVED) == held(a, MOVED)
+        ok(call("DELETE", url))
+        assert digest(b, MOVED) == before[1]
