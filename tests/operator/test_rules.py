@@ -194,11 +194,8 @@ def test_a_pool_adopts_nothing_from_conflicting_or_foreign_reports() -> None:
             pools.adopted(4, 2, reported)
 
 
-def test_the_blocked_message_says_the_retainers_moves_do_not_run() -> None:
+def test_a_move_is_named_by_its_pool_generation_and_partition() -> None:
     moves = pools.plan(pools.initial(4, 2), 3)
-    text = pools.blocked_message("retainer", 2, 3, moves)
-    assert "the retainer's partition hand-off is not implemented" in text
-    assert "stays at 2" in text
     assert pools.move_name("qw", 3, moves[0]) == f"qw-g3-p{moves[0].partition}"
 
 

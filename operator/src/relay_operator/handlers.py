@@ -11,12 +11,11 @@ Handlers and what they keep true:
   and the watch event that brings it back); ScaleBlocked, Migrating and Ready summarize the
   namespace's pools.
 - RelayPool create/resume/replicas change (`pool`): adopts the StatefulSet's count as the
-  owners in force, with the newest assignment its pods report (`scaling.adopt`). For a
-  retainer pool a change of `spec.replicas` is planned (RelayPartitionMoves in Planned) and
-  flagged ScaleBlocked: the retainer's hand-off is not built, its StatefulSet is not touched.
-- RelayPool timer of a queue-writer pool (`pool_scale`): `scaling.Scaler.tick` carries out
-  a change of `spec.replicas` (StatefulSet, moves one at a time, status), from the resources
-  alone, so a restarted operator resumes where the last one stopped.
+  owners in force, with the newest assignment its pods report (`scaling.adopt`).
+- RelayPool timer (`pool_scale`, queue-writer and retainer pools alike: both serve the hand-off
+  routes of `relay_bus.handoff_routes`): `scaling.Scaler.tick` carries out a change of
+  `spec.replicas` (StatefulSet, moves one at a time, status), from the resources alone, so a
+  restarted operator resumes where the last one stopped.
 - StatefulSet events (`statefulset`): a pool's StatefulSet is put back to the count the
   operator set (`status.statefulSetReplicas`) when edited directly; its ready count is copied
   to the pool.
@@ -48,7 +47,7 @@ from relay_operator.settings import OperatorSettings
 GROUP, VERSION = "relay.dev", "v1alpha1"
 TICK_S = 1.0
 SCALE_TICK_S = 1.0
-"""How often a queue-writer pool's timer looks at its scale (a tick with nothing to do reads
+"""How often a pool's timer looks at its scale (a tick with nothing to do reads
 the pool, its moves and, mid-scale, its pods; it writes nothing)."""
 """How often a RelayCluster's timer looks at its status for a due dump (cheap: no call unless
 due). kopf fixes timer intervals when handlers are registered, so this is not a setting."""
@@ -236,9 +235,7 @@ def _attempted(record: dict[str, Any]) -> float:
 
 
 async def _reconcile_pool(
-    name: str,
     namespace: str | None,
-    uid: str,
     spec: kopf.Spec,
     status: kopf.Status,
     patch: kopf.Patch,
@@ -255,8 +252,6 @@ async def _reconcile_pool(
         # The chart creates the pool and its StatefulSet together: either may come first.
         raise kopf.TemporaryError(f"StatefulSet {spec['statefulSet']}: {error}", delay=5) from error
     held = status.get("replicas")
-    generation = int(status.get("generation") or 1)
-    assignment = list(status.get("assignment") or [])
     if held is None:
         # Adoption: the StatefulSet's pods own what the newest generation they report says
         # (`p mod n`, generation 1, when none answers).
@@ -288,82 +283,13 @@ async def _reconcile_pool(
             readyReplicas=int(statefulset.get("status", {}).get("readyReplicas", 0)),
             selector=",".join(f"{k}={v}" for k, v in sorted(labels.items())),
         )
-    if spec["service"] == "queue-writer":
-        return  # its scale is carried out by `pool_scale`
-    wanted = int(spec["replicas"])
-    moves = pools.plan(assignment, wanted) if wanted != held else []
-    planned = {
-        pools.move_name(name, generation + 1, move): pools.move_spec(name, generation + 1, move)
-        for move in moves
-    }
-    collection = kube.path(GROUP, VERSION, "relaypartitionmoves", _ns(namespace))
-    existing = (await memo.kube.get(collection)).get("items", [])
-    for stale in pools.superseded(existing, name, planned):
-        await memo.kube.delete(f"{collection}/{stale}")
-    if wanted == held:
-        _set(
-            patch,
-            status,
-            conditions.Condition(
-                pools.SCALE_BLOCKED, "False", "AtSize", f"{held} instance(s) own the partitions"
-            ),
-        )
-        return
-    for move in moves:
-        await _plan_move(memo, name, _ns(namespace), uid, generation + 1, move)
-    _set(
-        patch,
-        status,
-        conditions.Condition(
-            pools.SCALE_BLOCKED,
-            "True",
-            "MovesNotImplemented",
-            pools.blocked_message(spec["service"], held, wanted, moves),
-        ),
-    )
-
-
-async def _plan_move(
-    memo: kopf.Memo, pool: str, namespace: str, uid: str, generation: int, move: pools.Move
-) -> None:
-    """Record one move as Planned (once per pool, generation and partition)."""
-    name = pools.move_name(pool, generation, move)
-    collection = kube.path(GROUP, VERSION, "relaypartitionmoves", namespace)
-    owner = {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "RelayPool",
-        "name": pool,
-        "uid": uid,
-        "controller": True,
-    }
-    created = await memo.kube.create(
-        collection,
-        {
-            "apiVersion": f"{GROUP}/{VERSION}",
-            "kind": "RelayPartitionMove",
-            "metadata": {"name": name, "namespace": namespace, "ownerReferences": [owner]},
-            "spec": pools.move_spec(pool, generation, move),
-        },
-    )
-    if created is not None:
-        await memo.kube.patch(
-            kube.path(GROUP, VERSION, "relaypartitionmoves", namespace, name, "status"),
-            {
-                "status": {
-                    "phase": "Planned",
-                    "message": "waiting: the retainer's partition hand-off is not implemented",
-                }
-            },
-        )
 
 
 @kopf.on.create(GROUP, VERSION, "relaypools")
 @kopf.on.resume(GROUP, VERSION, "relaypools")
 @kopf.on.field(GROUP, VERSION, "relaypools", field="spec.replicas")
 async def pool(
-    name: str,
     namespace: str | None,
-    uid: str,
     spec: kopf.Spec,
     status: kopf.Status,
     patch: kopf.Patch,
@@ -371,23 +297,17 @@ async def pool(
     **kwargs: Any,
 ) -> None:
     clusters: ClusterIndex = kwargs["clusters"]
-    await _reconcile_pool(name, namespace, uid, spec, status, patch, memo, clusters)
+    await _reconcile_pool(namespace, spec, status, patch, memo, clusters)
 
 
-@kopf.timer(
-    GROUP,
-    VERSION,
-    "relaypools",
-    interval=SCALE_TICK_S,
-    when=lambda spec, **_: spec.get("service") == "queue-writer",
-)
+@kopf.timer(GROUP, VERSION, "relaypools", interval=SCALE_TICK_S)
 async def pool_scale(
     name: str,
     namespace: str | None,
     memo: kopf.Memo,
     **kwargs: Any,
 ) -> None:
-    """One tick of a queue-writer pool's scale (`scaling.Scaler.tick`)."""
+    """One tick of a pool's scale (`scaling.Scaler.tick`)."""
     clusters: ClusterIndex = kwargs["clusters"]
     cluster = next(iter(clusters.get(namespace, [])), None)
     if cluster is None:

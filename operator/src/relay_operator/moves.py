@@ -1,4 +1,5 @@
-"""The run of one RelayPartitionMove of a queue-writer pool, as a state machine over its status.
+"""The run of one RelayPartitionMove (of a queue-writer or a retainer pool), as a state
+machine over its status.
 
 A move of partition p from ordinal S (source) to T (target) under generation g (decision 0019,
 "The move"; decision 0020): prefetch on T while S serves; pause on S with g (its fence); catch-up

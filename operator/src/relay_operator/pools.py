@@ -96,19 +96,6 @@ def apply(assignment: list[int], moves: list[Move]) -> list[int]:
     return result
 
 
-def blocked_message(service: str, held: int, wanted: int, moves: list[Move]) -> str:
-    """ScaleBlocked's message for a pool whose moves cannot run (the retainer's hand-off is not
-    built): says so, and what the scale would take."""
-    return (
-        f"{service}: {held} -> {wanted} instances needs {len(moves)} partition move(s) "
-        f"({', '.join(f'p{m.partition} {m.source}->{m.target}' for m in moves)}); "
-        f"the {service}'s partition hand-off is not implemented yet (only the queue-writer's "
-        f"is), so the StatefulSet stays at {held} and no partition changes owner (the moves "
-        f"are recorded as Planned RelayPartitionMoves; set spec.replicas back to {held} to "
-        "clear this)"
-    )
-
-
 def schedule(generation: int, moves: list[Move], shrinking: bool) -> list[tuple[int, Move]]:
     """The moves of one plan in the order they run, each with its generation: scale up in
     partition order; scale down empties the highest ordinal first. Move i gets generation

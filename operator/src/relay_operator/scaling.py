@@ -1,4 +1,4 @@
-"""Carrying out a queue-writer pool's scale: its StatefulSet, its RelayPartitionMoves, its
+"""Carrying out a pool's scale: its StatefulSet, its RelayPartitionMoves, its
 status. Called once a tick by the pool's timer in `handlers` (no kopf here); the rules are in
 `pools` (plan, order, addresses) and `moves` (one move's steps).
 
@@ -68,7 +68,7 @@ def _status(move: dict[str, Any]) -> dict[str, Any]:
 
 
 class Scaler:
-    """One tick of one queue-writer pool, with the operator's clients."""
+    """One tick of one pool (queue-writers or retainers), with the operator's clients."""
 
     def __init__(
         self,
