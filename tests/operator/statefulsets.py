@@ -1,9 +1,10 @@
 """A stand-in for Kubernetes' StatefulSet controller and kubelet, for one StatefulSet of
-queue-writers on the test API server: the operator's scale acts on real processes.
+queue-writers or retainers on the test API server: the operator's scale acts on real
+processes.
 
 A thread watches the StatefulSet's `spec.replicas` (polling the emulator) and, as the
 controller does (`OrderedReady`): starts the missing ordinals lowest first and stops the extra
-ones highest first, one at a time. Ordinal k is a real `relay-queue-writer` process with its own
+ones highest first, one at a time. Ordinal k is a real service process (`script`) with its own
 data folder (`pvc-k`, kept when the pod goes, as a PersistentVolumeClaim is), bound on its own
 loopback address with the port every ordinal shares (a pod IP and the pool's container port):
 127.0.r.(10 + k) at its r-th start, so a restarted pod comes back at a new IP, as on
@@ -61,8 +62,10 @@ class StatefulSetStandIn:
         name: str,
         root: Path,
         env: Callable[[int], dict[str, str]],
+        script: str = "relay-queue-writer",
     ) -> None:
         self.api = api
+        self.script = script
         self.namespace = namespace
         self.name = name
         self.root = root
@@ -177,7 +180,7 @@ class StatefulSetStandIn:
         )
         with (self.root / f"{self.name}-{ordinal}.log").open("ab") as log:
             process = subprocess.Popen(
-                [str(helpers.BIN / "relay-queue-writer")],
+                [str(helpers.BIN / self.script)],
                 env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,

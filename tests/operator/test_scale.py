@@ -104,7 +104,9 @@ def pods(api: kube.Served, kafka: helpers.Kafka, tmp_path: Path) -> Iterator[Sta
     assert standin.error is None, repr(standin.error)
 
 
-def install(api: kube.Served, port: int, **cluster: Any) -> None:
+def install(
+    api: kube.Served, port: int, service: str = "queue-writer", sts: str = STS, **cluster: Any
+) -> None:
     api.create(
         {
             "apiVersion": "v1",
@@ -134,22 +136,22 @@ def install(api: kube.Served, port: int, **cluster: Any) -> None:
         {
             "apiVersion": "relay.dev/v1alpha1",
             "kind": "RelayPool",
-            "metadata": {"name": "queue-writer", "namespace": NAMESPACE},
-            "spec": {"service": "queue-writer", "statefulSet": STS, "replicas": 1, "port": port},
+            "metadata": {"name": service, "namespace": NAMESPACE},
+            "spec": {"service": service, "statefulSet": sts, "replicas": 1, "port": port},
         }
     )
 
 
-def pool_status(api: kube.Served) -> dict[str, Any]:
-    return dict((api.get("relaypools", NAMESPACE, "queue-writer") or {}).get("status") or {})
+def pool_status(api: kube.Served, pool: str = "queue-writer") -> dict[str, Any]:
+    return dict((api.get("relaypools", NAMESPACE, pool) or {}).get("status") or {})
 
 
 def condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
     return next((c for c in status.get("conditions", []) if c["type"] == type_), {})
 
 
-def at_size(api: kube.Served, replicas: int) -> bool:
-    status = pool_status(api)
+def at_size(api: kube.Served, replicas: int, pool: str = "queue-writer") -> bool:
+    status = pool_status(api, pool)
     blocked = condition(status, "ScaleBlocked")
     return status.get("replicas") == replicas and blocked.get("reason") == "AtSize"
 
@@ -173,13 +175,13 @@ def same_bodies(held: dict[str, list[str]], acknowledged: dict[str, list[str]]) 
     return "; ".join(problems)
 
 
-def wait_at_size(api: kube.Served, replicas: int, op: Operator) -> None:
+def wait_at_size(api: kube.Served, replicas: int, op: Operator, pool: str = "queue-writer") -> None:
     """Wait for the pool at `replicas`; on timeout, say where its moves and status were."""
     try:
-        wait_for(f"the pool at {replicas}", lambda: at_size(api, replicas), SCALE_S, op)
+        wait_for(f"the pool at {replicas}", lambda: at_size(api, replicas, pool), SCALE_S, op)
     except AssertionError as error:
         state = {n: m.get("status") for n, m in moves_of(api).items()}
-        raise AssertionError(f"{error}\nmoves: {state}\npool: {pool_status(api)}") from None
+        raise AssertionError(f"{error}\nmoves: {state}\npool: {pool_status(api, pool)}") from None
 
 
 def test_a_queue_writer_pool_scales_one_two_one_under_load_losing_nothing(
@@ -275,7 +277,7 @@ def test_a_queue_writer_pool_scales_one_two_one_under_load_losing_nothing(
     assert condition(pool_status(api), "ScaleBlocked")["status"] == "False"
 
 
-def _status_of(body: Any) -> dict[str, Any]:
+def status_of(body: Any) -> dict[str, Any]:
     return dict(body.get("status") or {}) if isinstance(body, dict) else {}
 
 
@@ -296,7 +298,7 @@ def test_an_operator_killed_mid_move_resumes_it_from_the_status(
             "relaypartitionmoves",
             [409, 500, 500, 500, 500],
             subresource="status",
-            when=lambda body: _status_of(body).get("installed") is True,
+            when=lambda body: status_of(body).get("installed") is True,
         )
     )
     op = operator()
@@ -320,7 +322,7 @@ def test_an_operator_killed_mid_move_resumes_it_from_the_status(
                 "relaypartitionmoves",
                 [500, 500, 500, 500, 500],
                 subresource="status",
-                when=lambda body: _status_of(body).get("phase") == "CatchingUp",
+                when=lambda body: status_of(body).get("phase") == "CatchingUp",
             )
         )
         op = operator()
@@ -496,7 +498,7 @@ def test_a_pod_killed_at_a_step_of_a_move_loses_nothing(
             "relaypartitionmoves",
             [500, 500, 500],
             subresource="status",
-            when=lambda body: at(_status_of(body)),
+            when=lambda body: at(status_of(body)),
         )
     )
     op = operator()

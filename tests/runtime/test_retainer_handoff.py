@@ -198,6 +198,44 @@ class Load:
                 stored.setdefault(topic, []).append(payload)
         return last, stored
 
+    def finish_unanswered(self, wait_s: float = 15.0) -> int:
+        """Stop, giving answers `wait_s` to come (a retainer SIGKILLed with writes in hand
+        never answers them: not acknowledged, they may or may not be stored); how many
+        writes stay unanswered."""
+        self.stop.set()
+        deadline = time.monotonic() + wait_s
+        while any(i not in self.replies for i, *_ in self.sent) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return sum(1 for i, *_ in self.sent if i not in self.replies)
+
+    def differences(self, found: tuple[dict[str, str], dict[str, list[str]]]) -> str:
+        """ "" when `found` (`held`) holds every acknowledged write and nothing never sent:
+        each retained topic the last acknowledged payload or a later unacknowledged one; each
+        stream topic the payloads sent, in order, every acknowledged one among them."""
+        retained, streams = found
+        problems = []
+        sent: dict[tuple[str, str], list[tuple[str, bool]]] = {}
+        for i, kind, topic, payload in self.sent:
+            reply = self.replies.get(i)
+            sent.setdefault((kind, topic), []).append(
+                (payload, reply is not None and reply.status in (201, 202))
+            )
+        for (kind, topic), writes in sorted(sent.items()):
+            acked = [n for n, (_, ok_) in enumerate(writes) if ok_]
+            if kind == "retained":
+                have = retained.get(topic)
+                allowed = {p for n, (p, _) in enumerate(writes) if not acked or n >= acked[-1]}
+                if (have is None and acked) or (have is not None and have not in allowed):
+                    problems.append(f"{topic}: holds {have}, last acknowledged {acked[-1:]}")
+                continue
+            have_all = streams.get(topic, [])
+            order = {p: n for n, (p, _) in enumerate(writes)}
+            ranks = [order.get(p, -1) for p in have_all]
+            missing = [writes[n][0] for n in acked if writes[n][0] not in set(have_all)]
+            if missing or -1 in ranks or ranks != sorted(set(ranks)):
+                problems.append(f"{topic}: missing {missing[:5]}, held {have_all[:5]}...")
+        return "; ".join(problems)
+
 
 def held(url: str, partition: int) -> tuple[dict[str, str], dict[str, list[str]]]:
     """What the retainer at `url` holds of `partition`: retained payloads, stream payloads."""
