@@ -155,7 +155,7 @@ def export_retainer_part(
     with RetainedStore(data_dir / "retained", read_only=read_only) as store:
         for p, offset in store.marks.cut(epoch, partitions).items():
             stores[p][standing.RETAINED] = offset
-        for message in store.match("#", now=0):
+        for message in store.every():  # `$` topics too, which `#` does not match
             rows.append(
                 {
                     "topic": message.topic,
