@@ -181,10 +181,11 @@ class Database:
         messages: Iterable[Message | tuple[str, bytes]],
         sync: bool = True,
         positions: Sequence[Mark | None] | None = None,
-    ) -> None:
+    ) -> list[Message]:
         """Store messages: `Message`s keep their ts; `(topic, payload)` pairs get a ts from the
         store's clock, never decreasing in this database, so that live iterators see them all
-        (an iterator past time T never sees a message stored later with a ts before T).
+        (an iterator past time T never sees a message stored later with a ts before T). The
+        messages as stored (each with its ts), in order.
 
         With `sync` (the default), return once they are durable (WAL fsynced); else return at
         once and let the egress buffer write them (module `egress`). Any invalid message
@@ -230,6 +231,7 @@ class Database:
             last = self.egress.enqueue(items, sync)
         if sync and items:
             self.egress.wait(last - len(items) + 1, last)
+        return [message for _, _, message, _ in items]
 
     def flush(self) -> None:
         """Write whatever the egress buffer holds, and return once it is durable."""
@@ -423,6 +425,33 @@ class Database:
                         if result.exhausted or result.scanned is None:
                             break
                         after = result.scanned
+
+    def topic_tail(self, topic: str, start: int) -> list[Message]:
+        """The messages of `topic` itself (no wildcard; `$` topics too) with ts >= `start`, in
+        stream order (older generation first). Cost: a read of the topic's streams from
+        `start` on, messages of other topics that share them included."""
+        self._alive()
+        try:
+            levels = rules.parse_topic(topic)
+        except rules.TopicError as e:
+            raise BadInput(str(e)) from None
+        _check_ts(start, "start")
+        out: list[Message] = []
+        shard = self.shards[shard_of(topic, len(self.shards))]
+        with self._lock:
+            layouts = [shard.generations[spec.number].layout for spec in self.record.generations]
+        for layout in layouts:
+            with self._lock:
+                statics = layout.streams(levels)
+            for static in statics:
+                after: Position | None = None
+                while True:
+                    found = layout.read(static, levels, start, after, MAX_BATCH_READ)
+                    out += [m for _, m in found.found if m.topic == topic]
+                    if found.exhausted or found.scanned is None:
+                        break
+                    after = found.scanned
+        return out
 
     def marks(self) -> list[Marks]:
         """Each shard's marks, by shard number (`relay_streams.marks`)."""

@@ -12,7 +12,9 @@ Invariants:
 - `digest` is a pure function of that data: two retainers holding the same messages of a
   partition give the same digest, and any difference in a retained message (topic, payload,
   qos, ts, expiry) or in a stream message (database, topic, ts, payload, or the order of a
-  topic's messages) gives another one (SHA-256 over a canonical, length-prefixed encoding).
+  topic's messages) gives another one (SHA-256 over a canonical, length-prefixed encoding of
+  each retained topic's digest and each stream topic's chain: `Digests`, which a watch keeps
+  up to date write by write).
   The mark is not in it: a retainer resumes a partition from its group's committed offset,
   not from its stores' marks (which only cut exports), and an install that writes nothing
   records no mark;
@@ -80,21 +82,69 @@ def _int(value: int | None) -> bytes:
     return b"-" if value is None else str(value).encode()
 
 
-def digest(state: PartitionState) -> str:
+def retained_digest(message: Retained) -> bytes:
     h = hashlib.sha256()
-    for part in (b"retainer-partition", _int(state.partition), _int(state.partitions)):
+    m = message
+    for part in (m.topic.encode(), m.payload, _int(m.qos), _int(m.ts), _int(m.expires_at)):
         h.update(_field(part))
-    h.update(_field(_int(len(state.retained))))
-    for m in state.retained:
-        for part in (m.topic.encode(), m.payload, _int(m.qos), _int(m.ts), _int(m.expires_at)):
-            h.update(_field(part))
-    h.update(_field(_int(len(state.streams))))
-    for db, messages in state.streams:
-        h.update(_field(db.encode()) + _field(_int(len(messages))))
+    return h.digest()
+
+
+def chained(previous: bytes | None, db: str, message: Message) -> bytes:
+    """The digest of a stream topic's messages up to `message`, from the digest of those
+    before it (None: it is the first): a chain, so appending costs one hash."""
+    if previous is None:
+        previous = hashlib.sha256(_field(db.encode()) + _field(message.topic.encode())).digest()
+    tail = _field(_int(message.ts)) + _field(message.payload)
+    return hashlib.sha256(previous + tail).digest()
+
+
+@dataclass
+class Digests:
+    """What a partition's digest is made of, per key: each retained topic's message, and each
+    (database, stream topic)'s chain and message count. Kept up to date by a watch
+    (`relay_streams.partition_watch`) as writes come, so a digest costs the keys, not the
+    messages."""
+
+    retained: dict[str, bytes]
+    streams: dict[tuple[str, str], tuple[bytes, int]]
+
+    @classmethod
+    def of(cls, state: PartitionState) -> Digests:
+        digests = cls({m.topic: retained_digest(m) for m in state.retained}, {})
+        for db, messages in state.streams:
+            digests.append(db, messages)
+        return digests
+
+    def append(self, db: str, messages: Iterable[Message]) -> None:
         for message in messages:
-            for part in (message.topic.encode(), _int(message.ts), message.payload):
-                h.update(_field(part))
-    return h.hexdigest()
+            chain, count = self.streams.get((db, message.topic), (None, 0))
+            self.streams[db, message.topic] = (chained(chain, db, message), count + 1)
+
+    def whole(self, partition: int, partitions: int) -> str:
+        h = hashlib.sha256()
+        for part in (b"retainer-partition/2", _int(partition), _int(partitions)):
+            h.update(_field(part))
+        h.update(_field(_int(len(self.retained))))
+        for topic in sorted(self.retained):
+            h.update(_field(topic.encode()) + self.retained[topic])
+        h.update(_field(_int(len(self.streams))))
+        for db, topic in sorted(self.streams):
+            h.update(_field(db.encode()) + _field(topic.encode()) + self.streams[db, topic][0])
+        return h.hexdigest()
+
+    def summary(self, partition: int, partitions: int, mark: str) -> dict[str, Any]:
+        return {
+            "partition": partition,
+            "mark": mark,
+            "digest": self.whole(partition, partitions),
+            "retained": len(self.retained),
+            "messages": sum(count for _, count in self.streams.values()),
+        }
+
+
+def digest(state: PartitionState) -> str:
+    return Digests.of(state).whole(state.partition, state.partitions)
 
 
 def _stream_messages(store: StreamStore, db: str, belongs: Belongs) -> list[Message]:
@@ -141,20 +191,21 @@ def empty(partition: int, partitions: int) -> PartitionState:
     return PartitionState(partition, partitions, "", (), ())
 
 
-def _position(state: PartitionState) -> Mark | None:
-    if not state.mark:
+def position(partition: int, mark: str) -> Mark | None:
+    """The log position installed writes carry: the unit's mark (None: unknown)."""
+    if not mark:
         return None
-    epoch, _, offset = state.mark.rpartition(":")
-    return Mark(state.partition, epoch, int(offset))
+    epoch, _, offset = mark.rpartition(":")
+    return Mark(partition, epoch, int(offset))
 
 
-def _chunks(items: list[Any]) -> Iterable[list[Any]]:
+def chunks(items: list[Any]) -> Iterable[list[Any]]:
     for start in range(0, len(items), CHUNK):
         yield items[start : start + CHUNK]
 
 
 def _install_retained(
-    store: RetainedStore, state: PartitionState, belongs: Belongs, position: Mark | None
+    store: RetainedStore, state: PartitionState, belongs: Belongs, at: Mark | None
 ) -> int:
     held = {m.topic: m for m in store.every() if belongs(m.topic)}
     offered = {m.topic: m for m in state.retained}
@@ -164,8 +215,8 @@ def _install_retained(
         for m in state.retained
         if held.get(m.topic) != m
     ]
-    for chunk in _chunks(writes):
-        store.store_many(chunk, positions=[position] * len(chunk))
+    for chunk in chunks(writes):
+        store.store_many(chunk, positions=[at] * len(chunk))
     return len(writes)
 
 
@@ -174,7 +225,7 @@ def _install_stream(
     db: str,
     messages: tuple[Message, ...],
     belongs: Belongs,
-    position: Mark | None,
+    at: Mark | None,
     new_db: DbSettings,
 ) -> int:
     """Make the partition's messages of `db` be `messages`: a topic whose messages differ in
@@ -198,8 +249,8 @@ def _install_stream(
     if differ & held.keys():
         database.delete(None, lambda m: m.topic in differ and m.topic in held)
     written = [m for m in messages if m.topic in differ]
-    for chunk in _chunks(written):
-        database.store_batch(chunk, True, [position] * len(chunk))
+    for chunk in chunks(written):
+        database.store_batch(chunk, True, [at] * len(chunk))
     return len(written)
 
 
@@ -213,22 +264,16 @@ def install(
     """Make the stores hold exactly `state` for its partition (durable when this returns);
     the number of messages written or deleted. `new_db`: settings of a database the state
     has and this store does not."""
-    position = _position(state)
-    changed = _install_retained(retained, state, belongs, position)
+    at = position(state.partition, state.mark)
+    changed = _install_retained(retained, state, belongs, at)
     offered = dict(state.streams)
     for db in sorted(set(streams.storages()) | offered.keys()):
-        changed += _install_stream(streams, db, offered.get(db, ()), belongs, position, new_db)
+        changed += _install_stream(streams, db, offered.get(db, ()), belongs, at, new_db)
     return changed
 
 
 def summary(state: PartitionState) -> dict[str, Any]:
-    return {
-        "partition": state.partition,
-        "mark": state.mark,
-        "digest": digest(state),
-        "retained": len(state.retained),
-        "messages": sum(len(messages) for _, messages in state.streams),
-    }
+    return Digests.of(state).summary(state.partition, state.partitions, state.mark)
 
 
 # -- JSON ----------------------------------------------------------------------------------
@@ -241,14 +286,16 @@ def to_json(state: PartitionState) -> dict[str, Any]:
         "partitions": state.partitions,
         "mark": state.mark,
         "digest": digest(state),
-        "retained": [
-            [m.topic, codec.b64u(m.payload), m.qos, m.ts, m.expires_at] for m in state.retained
-        ],
+        "retained": [retained_row(m) for m in state.retained],
         "streams": {
             db: [[m.topic, m.ts, codec.b64u(m.payload)] for m in messages]
             for db, messages in state.streams
         },
     }
+
+
+def retained_row(m: Retained) -> list[Any]:
+    return [m.topic, codec.b64u(m.payload), m.qos, m.ts, m.expires_at]
 
 
 def _number(value: Any, what: str, low: int = 0, high: int = 1 << 63) -> int:
@@ -266,7 +313,7 @@ def _payload(value: Any, what: str) -> bytes:
         raise ValueError(f"{what} is not base64url") from None
 
 
-def _topic(value: Any, what: str, belongs: Belongs) -> str:
+def topic(value: Any, what: str, belongs: Belongs) -> str:
     if not isinstance(value, str) or not value:
         raise ValueError(f"{what} must be a topic")
     if not belongs(value):
@@ -274,7 +321,8 @@ def _topic(value: Any, what: str, belongs: Belongs) -> str:
     return value
 
 
-def _retained(raw: Any, belongs: Belongs) -> tuple[Retained, ...]:
+def retained_rows(raw: Any, belongs: Belongs) -> tuple[Retained, ...]:
+    """`retained_row`s, distinct and in topic order."""
     if not isinstance(raw, list):
         raise ValueError("retained must be a list")
     out = []
@@ -282,18 +330,34 @@ def _retained(raw: Any, belongs: Belongs) -> tuple[Retained, ...]:
         where = f"retained[{i}]"
         if not isinstance(entry, list) or len(entry) != 5:
             raise ValueError(f"{where} must be [topic, payload, qos, ts, expires_at]")
-        topic = _topic(entry[0], f"{where} topic", belongs)
+        name = topic(entry[0], f"{where} topic", belongs)
         payload = _payload(entry[1], f"{where} payload")
         if not payload:
             raise ValueError(f"{where} payload is empty (an empty payload is no message)")
         qos = _number(entry[2], f"{where} qos", 0, 3)
         ts = _number(entry[3], f"{where} ts", 0, 1 << 53)
         until = None if entry[4] is None else _number(entry[4], f"{where} expires_at", 1)
-        out.append(Retained(topic, payload, qos, ts, until))
+        out.append(Retained(name, payload, qos, ts, until))
     topics = [m.topic for m in out]
     if topics != sorted(set(topics)):
         raise ValueError("retained topics must be distinct and in topic order")
     return tuple(out)
+
+
+def database(name: Any) -> str:
+    try:
+        return catalog.parse_name(name)
+    except BadInput as error:
+        raise ValueError(f"database {name!r}: {error}") from None
+
+
+def stream_row(entry: Any, where: str, belongs: Belongs) -> Message:
+    """A stream message as JSON carries it: [topic, ts, payload]."""
+    if not isinstance(entry, list) or len(entry) != 3:
+        raise ValueError(f"{where} must be [topic, ts, payload]")
+    name = topic(entry[0], f"{where} topic", belongs)
+    ts = _number(entry[1], f"{where} ts", 0, 1 << 63)
+    return Message(name, _payload(entry[2], f"{where} payload"), ts)
 
 
 def _streams(raw: Any, belongs: Belongs) -> tuple[tuple[str, tuple[Message, ...]], ...]:
@@ -301,21 +365,13 @@ def _streams(raw: Any, belongs: Belongs) -> tuple[tuple[str, tuple[Message, ...]
         raise ValueError("streams must be an object of database: messages")
     out = []
     for db in sorted(raw):
-        try:
-            catalog.parse_name(db)
-        except BadInput as error:
-            raise ValueError(f"streams: database {db!r}: {error}") from None
+        database(db)
         entries = raw[db]
         if not isinstance(entries, list) or not entries:
             raise ValueError(f"streams[{db!r}] must be a non-empty list")
         messages = []
         for i, entry in enumerate(entries):
-            where = f"streams[{db!r}][{i}]"
-            if not isinstance(entry, list) or len(entry) != 3:
-                raise ValueError(f"{where} must be [topic, ts, payload]")
-            topic = _topic(entry[0], f"{where} topic", belongs)
-            ts = _number(entry[1], f"{where} ts", 0, 1 << 63)
-            messages.append(Message(topic, _payload(entry[2], f"{where} payload"), ts))
+            messages.append(stream_row(entry, f"streams[{db!r}][{i}]", belongs))
         topics = [m.topic for m in messages]
         if topics != sorted(topics):
             raise ValueError(f"streams[{db!r}] must list its messages by topic")
@@ -331,20 +387,26 @@ def _mark_of(mark: Any) -> str:
     raise ValueError('mark must be "" or "<epoch>:<offset>"')
 
 
+def header(data: dict[str, Any]) -> tuple[int, int, str]:
+    """A unit's partition, partition count and mark, its format checked."""
+    if data.get("format") != FORMAT:
+        raise ValueError(f"format must be {FORMAT}")
+    partitions = _number(data.get("partitions"), "partitions", 1, 1 << 16)
+    partition = _number(data.get("partition"), "partition", 0, partitions)
+    return partition, partitions, _mark_of(data.get("mark"))
+
+
 def from_json(data: Any, belongs: Belongs) -> PartitionState:
     """The state `data` carries (`to_json`'s form); `ValueError` for anything else, a digest
     not its own included. `belongs`: the topics of the partition it claims."""
     if not isinstance(data, dict):
         raise ValueError("a partition state is a JSON object")
-    if data.get("format") != FORMAT:
-        raise ValueError(f"format must be {FORMAT}")
-    partitions = _number(data.get("partitions"), "partitions", 1, 1 << 16)
-    partition = _number(data.get("partition"), "partition", 0, partitions)
+    partition, partitions, mark = header(data)
     state = PartitionState(
         partition,
         partitions,
-        _mark_of(data.get("mark")),
-        _retained(data.get("retained"), belongs),
+        mark,
+        retained_rows(data.get("retained"), belongs),
         _streams(data.get("streams"), belongs),
     )
     if data.get("digest") != digest(state):

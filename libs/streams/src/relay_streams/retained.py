@@ -417,10 +417,13 @@ class RetainedStore:
         self._write(batch)
         self._count = count
 
-    def clear_expired(self, now: int | None = None, batch_size: int = 1000) -> int:
-        """Delete every message whose expiry is due (expires_at <= now); how many. Cost: a scan
-        of the expiry index up to `now` (only due entries are read, O(due + log n)), written in
-        synced batches of `batch_size` (each batch is whole: a crash leaves a consistent store).
+    def clear_expired(
+        self, now: int | None = None, batch_size: int = 1000, topics: list[str] | None = None
+    ) -> int:
+        """Delete every message whose expiry is due (expires_at <= now); how many (and their
+        topics appended to `topics`, when given). Cost: a scan of the expiry index up to `now`
+        (only due entries are read, O(due + log n)), written in synced batches of `batch_size`
+        (each batch is whole: a crash leaves a consistent store).
         """
         self._check_open()
         cutoff = now_ms() if now is None else now
@@ -445,6 +448,8 @@ class RetainedStore:
                     return removed
                 self._remove(records)
                 removed += len(records)
+                if topics is not None:
+                    topics.extend(_topic_of(key) for key, _ in records)
 
     def clean(self) -> None:
         """Delete every retained message. Durable when it returns. Cost: two range deletes

@@ -160,9 +160,9 @@ class StreamStore:
         messages: Iterable[Message | tuple[str, bytes]],
         sync: bool = True,
         positions: Sequence[Mark | None] | None = None,
-    ) -> None:
+    ) -> list[Message]:
         """`Database.store_batch` (`positions`: where each message came from in the log)."""
-        self.db(db).store_batch(messages, sync, positions)
+        return self.db(db).store_batch(messages, sync, positions)
 
     def get_streams(self, db: str, topic_filter: str, start: int = 0) -> list[RankedStream]:
         return self.db(db).get_streams(topic_filter, start)
