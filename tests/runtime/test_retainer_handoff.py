@@ -10,7 +10,7 @@ import asyncio
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +22,7 @@ from aiokafka import TopicPartition
 from relay_bus import clients, routing, schemas, topics
 from relay_durable import codec
 from relay_streams import partition_state as ps
+from relay_streams.retained import Retained
 from tests import helpers
 from tests.runtime.handoff_calls import (
     AUTH,
@@ -237,10 +238,13 @@ class Load:
         return "; ".join(problems)
 
 
+def belongs(partition: int) -> Callable[[str], bool]:
+    return lambda topic: routing.partition_of_topic(topic, PARTITIONS) == partition
+
+
 def held(url: str, partition: int) -> tuple[dict[str, str], dict[str, list[str]]]:
     """What the retainer at `url` holds of `partition`: retained payloads, stream payloads."""
-    belongs = lambda topic: routing.partition_of_topic(topic, PARTITIONS) == partition  # noqa: E731
-    state = ps.from_json(export(url, partition), belongs)
+    state = ps.from_json(export(url, partition), belongs(partition))
     stored: dict[str, list[str]] = {}
     for _db, messages in state.streams:
         for m in messages:
@@ -266,6 +270,9 @@ def test_a_partition_moves_from_one_retainer_to_two_under_load(
             f"({steps}), prefetch {moved.prefetch_s * 1000:.0f} ms, {len(load.sent)} writes"
         )
         assert moved.committed, moved
+        # The catch-up carried only what the load wrote since the prefetch.
+        assert moved.carried["whole"] is False, moved.carried
+        assert 0 < moved.carried["messages"] < len(load.sent), moved.carried
         time.sleep(1.0)
         acknowledged, kept_acknowledged = load.finish(), kept.finish()
 
@@ -277,6 +284,42 @@ def test_a_partition_moves_from_one_retainer_to_two_under_load(
         assert held(b, KEPT) == ({}, {})
         # The source forgot its copy (release).
         assert digest(a, MOVED) == ps.digest(ps.empty(MOVED, PARTITIONS))
+
+
+def test_a_catch_up_over_a_state_not_the_prefetched_one_pulls_the_whole_partition(
+    kafka: helpers.Kafka, tmp_path: Path
+) -> None:
+    """Changes since the prefetch, installed over anything else (here a copy with a retained
+    topic the source never held, put back under the source's name for its copy), do not give
+    the source's digest: the target pulls the whole partition, and the move commits with equal
+    digests, losing nothing."""
+    with one_then_two(kafka, tmp_path) as (a, b):
+        load = Load(kafka, MOVED)
+        load.start()
+        time.sleep(0.5)
+
+        def put_back_another_state() -> None:
+            copy = export(a, MOVED)  # the source's copy and the name of its watch
+            extra = next(t for t in (f"e/{i}" for i in range(100)) if belongs(MOVED)(t))
+            state = ps.from_json(copy, belongs(MOVED))
+            other = ps.PartitionState(
+                MOVED,
+                PARTITIONS,
+                state.mark,
+                tuple(
+                    sorted((*state.retained, Retained(extra, b"x", 0, 1)), key=lambda m: m.topic)
+                ),
+                state.streams,
+            )
+            import_(b, {**ps.to_json(other), "since": copy["since"]})
+
+        moved = move(a, b, MOVED, [0, 0, 0, 0], generation=2, after_prefetch=put_back_another_state)
+        assert moved.committed, moved
+        assert moved.source_digest == moved.target_digest
+        assert moved.carried["whole"] is True, moved.carried
+        assert moved.carried["differed"] is not None, moved.carried  # the changes came first
+        acknowledged = load.finish()
+        assert held(b, MOVED) == acknowledged
 
 
 def test_a_pause_past_its_budget_rolls_back_and_the_source_keeps_everything(

@@ -154,7 +154,8 @@ def _stream_messages(store: StreamStore, db: str, belongs: Belongs) -> list[Mess
     return found
 
 
-def _mark(retained: RetainedStore, streams: StreamStore, partition: int, epoch: str) -> str:
+def mark(retained: RetainedStore, streams: StreamStore, partition: int, epoch: str) -> str:
+    """The partition's mark: the highest position of log `epoch` the stores record for it."""
     every = [retained.marks]
     for db in streams.storages():
         every.extend(streams.open_db(db).marks())
@@ -183,8 +184,8 @@ def collect(
         messages = _stream_messages(streams, db, belongs)
         if messages:
             dbs.append((db, tuple(messages)))
-    mark = _mark(retained, streams, partition, epoch)
-    return PartitionState(partition, partitions, mark, kept, tuple(dbs))
+    at = mark(retained, streams, partition, epoch)
+    return PartitionState(partition, partitions, at, kept, tuple(dbs))
 
 
 def empty(partition: int, partitions: int) -> PartitionState:

@@ -2,13 +2,17 @@
 `relay_bus.handoff_routes` over the retainer's stores, its data being the partition's retained
 messages and durable-stream messages (`relay_streams.partition_state`).
 
-- the export is the partition's whole data as one JSON unit, read while the instance keeps
-  serving (prefetch: a copy of most of it) or after its pause (the final copy); a prefetch and
-  a catch-up both pull the whole unit, and the install writes only what differs from what is
-  held, so a catch-up over a prefetched copy writes the messages changed since;
+- the export is the partition's whole data as one JSON unit, named by the watch it starts
+  (`since`, `relay_streams.partition_watch`): collected while the instance keeps serving
+  (prefetch), then settled exact with the writers held for the time of reading again what was
+  written meanwhile; with `?since=<that name>`, only the changes since (`changes: true`);
 - the pause waits, once the fence holds, for the writes of the partition's records read
   before it (the retainer answers a record once its write is durable, after its handler
-  returned: `relay_retainer.rounds`), so its digest is of the final, durable state;
+  returned: `relay_retainer.rounds`), so its digest is of the final, durable state; a digest
+  comes from the partition's watch where there is one (its keys, not its messages);
+- a catch-up over a prefetched copy asks only for the changes since it, installs them, and
+  compares the digest its own watch then gives with the source's; if they differ, it pulls
+  the whole partition. The answer says what was carried (`carried`);
 - the target serves the partition from its consumer group's committed offset, which the
   source's fence committed where it stopped (`relay_bus.consumers.reassign`): the data it
   imported is exactly that of the records before it.
@@ -19,13 +23,15 @@ than the path's, a topic of another partition) is 400 and changes nothing; an im
 once what it installed is durable, and importing the same unit again gives the same state;
 installs and deletes run one at a time, in a worker thread (the stores' calls hold the GIL
 only per batch, so the partitions served are served meanwhile); a unit the retained store
-cannot take (its `max_retained`) is 409 `RETAINED_FULL`.
+cannot take (its `max_retained`) is 409 `RETAINED_FULL`; the writers are held only while an
+export settles its copy.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import structlog
@@ -38,8 +44,10 @@ from relay_bus.fencing import Ownership
 from relay_bus.handoff_routes import PartitionHandoff, Refusal, json_body
 from relay_retainer.retained import RetainedHost
 from relay_retainer.streams import StreamHost
-from relay_streams import partition_state
+from relay_streams import partition_state as ps
+from relay_streams import partition_watch as pw
 from relay_streams.errors import Closed, StreamsError
+from relay_streams.partition_watch import Watches
 from relay_streams.retained import RetainedFull, RetainedStore
 from relay_streams.settings import DbSettings
 from relay_streams.store import StreamStore
@@ -61,6 +69,10 @@ class RetainerHandoff(PartitionHandoff):
         self.bus = bus
         self.streams = streams
         self.retained = retained
+        self.watches = Watches(
+            partitions, lambda topic: routing.partition_of_topic(topic, partitions)
+        )
+        streams.watches = retained.watches = self.watches
         self._installing = asyncio.Lock()
 
     def _belongs(self, partition: int) -> Callable[[str], bool]:
@@ -73,9 +85,9 @@ class RetainerHandoff(PartitionHandoff):
         except Closed:
             raise Refusal(503, "UNAVAILABLE", "the stores are not open; again") from None
 
-    async def _collect(self, partition: int) -> partition_state.PartitionState:
+    async def _collect(self, partition: int) -> ps.PartitionState:
         return await asyncio.to_thread(
-            partition_state.collect,
+            ps.collect,
             *self._stores(),
             partition,
             self.partitions,
@@ -83,24 +95,53 @@ class RetainerHandoff(PartitionHandoff):
             self.bus.epoch or "",
         )
 
+    async def _watched(self, partition: int, token: str | None = None) -> ps.PartitionState:
+        """The partition's whole state, exact as it stands once returned, and a watch of it
+        (named `token`, or a fresh name) that follows every write from then on."""
+        watch = self.watches.start(partition, token)
+        state = await self._collect(partition)
+        async with self.retained.held(), self.streams.held():
+            return await asyncio.to_thread(watch.settle, state, *self._stores())
+
     async def summary(self, partition: int) -> dict[str, Any]:
-        return partition_state.summary(await self._collect(partition))
+        watch = self.watches.get(partition)
+        if watch is None or not watch.ready:
+            return ps.summary(await self._collect(partition))
+        retained, _ = self._stores()
+        digests = await asyncio.to_thread(watch.refresh, retained)
+        return digests.summary(partition, self.partitions, await self._mark(partition))
+
+    async def _mark(self, partition: int) -> str:
+        return await asyncio.to_thread(ps.mark, *self._stores(), partition, self.bus.epoch or "")
 
     async def paused(self, partition: int) -> None:
         await asyncio.sleep(0)  # operations of records read before the fence hand over writes
         await asyncio.gather(self.streams.settled(), self.retained.settled())
 
     async def export(self, request: Request) -> JSONResponse:
+        """The whole state, or with `?since=<token>` of this instance's watch of the
+        partition, only the changes since that state."""
         try:
             partition = self.checked(request)
+            serving = partition in self.owner.serving  # not served now: nothing changes it
+            since = request.query_params.get("since")
+            watch = self.watches.get(partition)
+            if since and watch is not None and watch.token == since and watch.ready:
+                retained, _ = self._stores()
+                mark = await self._mark(partition)
+                changes = await asyncio.to_thread(watch.changes, retained, mark)
+                unit = pw.to_json(changes)
+            else:
+                state = await self._watched(partition)
+                watch = self.watches.get(partition)
+                assert watch is not None
+                unit = {**ps.to_json(state), "since": watch.token}
         except Refusal as refusal:
             return refusal.response()
-        serving = partition in self.owner.serving  # not served now: nothing changes it
-        unit = partition_state.to_json(await self._collect(partition))
         return JSONResponse({**unit, "serving": serving})
 
-    def _offered(self, partition: int, body: Any) -> partition_state.PartitionState:
-        """The state `body` carries for `partition`, or `Refusal`."""
+    def _header(self, partition: int, body: Any) -> None:
+        """`Refusal` unless `body` is of `partition` of this topic."""
         if isinstance(body, dict) and body.get("partitions") != self.partitions:
             raise Refusal(
                 400,
@@ -114,37 +155,61 @@ class RetainerHandoff(PartitionHandoff):
                 "PARTITION_MISMATCH",
                 f"the state is of partition {body.get('partition')!r}, this is {partition}",
             )
+
+    def _offered(self, partition: int, body: Any) -> ps.PartitionState:
+        """The whole state `body` carries for `partition`, or `Refusal`."""
+        self._header(partition, body)
         try:
-            return partition_state.from_json(body, self._belongs(partition))
+            return ps.from_json(body, self._belongs(partition))
         except ValueError as error:
             raise Refusal(400, "BAD_STATE", str(error)) from None
 
-    async def _install(self, state: partition_state.PartitionState) -> dict[str, Any]:
-        """Make the stores hold `state` for its partition; the summary once durable."""
-        new_db = DbSettings(shards=self.streams.settings.shards)
+    @asynccontextmanager
+    async def _installing_into(self, partition: int) -> AsyncIterator[None]:
+        """One install at a time, of a partition not served here; the stores' refusals."""
         async with self._installing:
-            self.not_served(state.partition)
+            self.not_served(partition)
             try:
-                changed = await asyncio.to_thread(
-                    partition_state.install,
-                    *self._stores(),
-                    state,
-                    self._belongs(state.partition),
-                    new_db,
-                )
+                yield
             except RetainedFull as error:
                 raise Refusal(409, "RETAINED_FULL", str(error)) from None
             except StreamsError as error:
                 raise Refusal(400, "BAD_STATE", str(error)) from None
-        log.info("handoff_installed", partition=state.partition, changed=changed)
-        return await self.described(state.partition)
+
+    async def _install(self, state: ps.PartitionState, since: str | None) -> dict[str, Any]:
+        """Make the stores hold `state` for its partition and watch it (named `since`, the
+        source's name for it, so a catch-up can ask for what changed); the summary once
+        durable."""
+        new_db = DbSettings(shards=self.streams.settings.shards)
+        partition = state.partition
+        async with self._installing_into(partition):
+            changed = await asyncio.to_thread(
+                ps.install, *self._stores(), state, self._belongs(partition), new_db
+            )
+            if since is None:
+                self.watches.stop(partition)
+            else:  # what the stores now hold, collected again: the install is checked
+                await self._watched(partition, since)
+        log.info("handoff_installed", partition=partition, changed=changed)
+        return await self.described(partition)
+
+    async def _install_changes(self, changes: pw.Changes, watch: pw.Watch) -> dict[str, Any]:
+        new_db = DbSettings(shards=self.streams.settings.shards)
+        async with self._installing_into(changes.partition):
+            changed = await asyncio.to_thread(pw.install, *self._stores(), changes, watch, new_db)
+        log.info("handoff_changes_installed", partition=changes.partition, changed=changed)
+        return await self.described(changes.partition)
 
     async def import_(self, request: Request) -> JSONResponse:
         try:
             partition = self.checked(request)
             self.not_served(partition)
-            state = self._offered(partition, json_body(await request.body()))
-            return JSONResponse(await self._install(state))
+            body = json_body(await request.body())
+            state = self._offered(partition, body)
+            since = body.get("since")
+            return JSONResponse(
+                await self._install(state, since if isinstance(since, str) else None)
+            )
         except Refusal as refusal:
             return refusal.response()
 
@@ -152,23 +217,49 @@ class RetainerHandoff(PartitionHandoff):
         try:
             partition = self.checked(request)
             self.not_served(partition)
-            return JSONResponse(
-                await self._install(partition_state.empty(partition, self.partitions))
-            )
+            return JSONResponse(await self._install(ps.empty(partition, self.partitions), None))
         except Refusal as refusal:
             return refusal.response()
 
     async def _pulled(self, request: Request, *, final: bool) -> JSONResponse:
+        """Pull and install the source's state: for a catch-up over a prefetched copy, only
+        the changes since, checked against the source's digest (a whole pull if they do not
+        give it). `carried`: `retained` (topics written), `deleted`, `messages` (stream
+        messages), `whole`, and for a whole pull after changes that did not give the digest,
+        `differed`."""
+        differed: dict[str, Any] | None = None
         try:
             partition = self.checked(request)
             source = self.source(await request.body())
             self.not_served(partition)
-            state = self._offered(partition, await self.pull(partition, source, final=final))
-            answer = await self._install(state)
+            watch = self.watches.get(partition) if final else None
+            since = watch.token if watch is not None and watch.ready else None
+            unit = await self.pull(partition, source, final=final, since=since)
+            if unit.get("changes") is True and watch is not None:
+                self._header(partition, unit)
+                try:
+                    changes = pw.from_json(unit, self._belongs(partition))
+                except ValueError as error:
+                    raise Refusal(502, "SOURCE_UNAVAILABLE", f"changes: {error}") from None
+                if changes.since == watch.token:
+                    answer = await self._install_changes(changes, watch)
+                    carried: dict[str, Any] = {
+                        "retained": len(changes.retained),
+                        "deleted": len(changes.deleted),
+                        "messages": len(changes.appended),
+                    }
+                    if answer["digest"] == changes.digest:
+                        return JSONResponse({**answer, "carried": {**carried, "whole": False}})
+                    log.warning("handoff_changes_differ", partition=partition, **carried)
+                    differed = carried
+                unit = await self.pull(partition, source, final=final)
+            state = self._offered(partition, unit)
+            since_name = unit.get("since")
+            answer = await self._install(state, since_name if isinstance(since_name, str) else None)
         except Refusal as refusal:
             return refusal.response()
-        carried = {"retained": len(state.retained), "whole": True}
-        return JSONResponse({**answer, "carried": carried})
+        whole = {"retained": len(state.retained), "whole": True, "differed": differed}
+        return JSONResponse({**answer, "carried": whole})
 
     async def prefetch(self, request: Request) -> JSONResponse:
         return await self._pulled(request, final=False)

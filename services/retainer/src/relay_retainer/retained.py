@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Callable, Coroutine, Sequence
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -48,6 +49,7 @@ from relay_runtime import exits
 from relay_runtime.readiness import Readiness
 from relay_streams.errors import BadInput, Closed, StreamsError
 from relay_streams.marks import Mark
+from relay_streams.partition_watch import Watches
 from relay_streams.retained import Retained, RetainedFull, RetainedSettings, RetainedStore, Write
 from relay_topics import rules as topic_rules
 
@@ -91,6 +93,8 @@ class RetainedHost:
         split_on = (BadInput, RetainedFull, topic_rules.TopicError)
         self._rounds: Rounds[tuple[Write, Mark]] = Rounds(self._apply, split_on, "retained-writer")
         self._sweeper: asyncio.Task[None] | None = None
+        self.watches: Watches | None = None
+        """Told of every topic written or expired (the hand-off's, `relay_retainer.handoff`)."""
         readiness.register("retained")
 
     @property
@@ -171,19 +175,30 @@ class RetainedHost:
         settles once it is durable, or with the store's refusal, or `Expired`."""
         return self._rounds.submit((write, mark), expired)
 
+    def held(self) -> AbstractAsyncContextManager[None]:
+        """Nothing written within: no write round, no expiry sweep (`Rounds.held`)."""
+        return self._rounds.held()
+
     async def _apply(self, writes: list[tuple[Write, Mark]]) -> None:
         stored = [write for write, _ in writes]
         marks = [mark for _, mark in writes]
         await asyncio.to_thread(self.store.store_many, stored, None, marks)
+        if self.watches is not None:
+            self.watches.touched(write.topic for write in stored)
 
     async def _sweep(self) -> None:
         while True:
             await asyncio.sleep(self.settings.clear_interval_s)
+            topics: list[str] = []
             try:
-                removed = await asyncio.to_thread(self.store.clear_expired)
+                async with self.held():
+                    removed = await asyncio.to_thread(self.store.clear_expired, None, 1000, topics)
             except StreamsError as error:
                 log.warning("retained_sweep_failed", error=str(error))
                 continue
+            finally:
+                if self.watches is not None:
+                    self.watches.touched(topics)
             if removed:
                 log.info("retained_expired", removed=removed)
 

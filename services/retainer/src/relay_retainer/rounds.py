@@ -9,8 +9,10 @@ Invariants:
 - a round refused as a whole for one write's sake (`split_on`) is applied again one write at a
   time, in order, so only the offending writes are refused;
 - `stop` finishes the writes already handed over, then takes no more;
-- `settled` waits for the writes handed over before it; nothing ever holds the rounds back
-  (an online export reads the stores' marks from read-only opens instead: `relay_streams.marks`);
+- `settled` waits for the writes handed over before it; only `held` holds the rounds back (a
+  hand-off settling its copy of a partition, for the time of reading again what was written
+  while it collected; an online export reads the stores' marks from read-only opens instead:
+  `relay_streams.marks`);
 - a `Watch` sees how long each write settled while it is on waited from hand-over to its
   outcome (an export reports the longest), and `recent` keeps the same of the last `RECENT`
   writes settled (the export's baseline, taken before it starts).
@@ -25,7 +27,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -78,6 +81,7 @@ class Rounds(Generic[W]):
         self._unsettled: set[asyncio.Future[None]] = set()
         self._watches: list[Watch] = []
         self._recent: deque[tuple[float, float]] = deque(maxlen=RECENT)
+        self._writing = asyncio.Lock()
 
     def start(self) -> None:
         self._loop.start()
@@ -124,7 +128,18 @@ class Rounds(Generic[W]):
     async def stop(self) -> None:
         await self._loop.close()
 
+    @asynccontextmanager
+    async def held(self) -> AsyncIterator[None]:
+        """No round is written within (the one in progress, and what it runs after its store
+        call, finish first); writes handed over meanwhile wait for the next."""
+        async with self._writing:
+            yield
+
     async def _round(self, batch: list[Pending[W]]) -> None:
+        async with self._writing:
+            await self._written(batch)
+
+    async def _written(self, batch: list[Pending[W]]) -> None:
         live = []
         for pending in batch:
             if pending.expired():

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 import structlog
@@ -39,6 +40,7 @@ from relay_runtime.readiness import Readiness
 from relay_streams.errors import BadInput, Closed, StreamsError
 from relay_streams.marks import Mark
 from relay_streams.model import Message, NextResult, RankedStream
+from relay_streams.partition_watch import Watches
 from relay_streams.settings import DbSettings
 from relay_streams.store import StreamStore
 
@@ -66,6 +68,8 @@ class StreamHost:
         self.readiness = readiness
         self._store: StreamStore | None = None
         self._rounds = Rounds(self._apply, (BadInput,), "streams-writer", group=_by_db)
+        self.watches: Watches | None = None
+        """Told of every message stored (the hand-off's, `relay_retainer.handoff`)."""
         readiness.register("streams")
 
     @property
@@ -147,7 +151,14 @@ class StreamHost:
         """One round's writes to one database: one `store_batch`, synced."""
         messages = [m for _db, part, _mark in writes for m in part]
         marks = [mark for _db, part, mark in writes for _ in part]
-        await asyncio.to_thread(self.store.store_batch, writes[0][0], messages, True, marks)
+        db = writes[0][0]
+        stored = await asyncio.to_thread(self.store.store_batch, db, messages, True, marks)
+        if self.watches is not None:
+            self.watches.appended(db, stored)
+
+    def held(self) -> AbstractAsyncContextManager[None]:
+        """No write round within (`Rounds.held`)."""
+        return self._rounds.held()
 
     # -- reads -----------------------------------------------------------------------------
 
