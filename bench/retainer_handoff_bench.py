@@ -10,18 +10,20 @@ stream messages stored (one per topic, in batches of 100 per request), through K
 ingress puts them, every answer read back and checked: about a quarter on each partition.
 Then partitions 2 and 3 move to ordinal 1 one after the other, each under a light load of
 retained publishes and stream stores: prefetch (a whole copy while the source serves), pause,
-catch-up (the whole unit again; only what differs is written), commit, release. Every
-acknowledged write of the loads is checked on its owner.
+catch-up (only the changes since the prefetch), commit, release. Every acknowledged write of
+the loads is checked on its owner.
 
-Reported per move: `prefetch_s`, `pause_ms` (pause call to the commit's answer) and its
-steps, `move_s` (prefetch to release); and `scale_s`, the two moves together. The last line is
-a JSON summary.
+Reported per move: `writers_held_ms` (how long the source's prefetch held its writers to settle
+its copy, from its log), `prefetch_s`, `pause_ms` (pause call to the commit's answer) and its
+steps, what the catch-up carried, `move_s` (prefetch to release); and `scale_s`, the two moves
+together. The last line is a JSON summary.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import shutil
 import sys
 import tempfile
@@ -182,13 +184,21 @@ def main() -> None:
                 differs = load.differences((retained, streams))
                 assert not differs, differs
                 assert len(retained) == per_partition[partition] + len(acknowledged[0])
+                settled = [
+                    json.loads(line)["held_ms"]
+                    for line in (Path(tmp) / "retainer-0.log").read_text().splitlines()
+                    if '"handoff_settled"' in line and f'"partition": {partition},' in line
+                ]
                 summary[f"p{partition}"] = {
+                    "writers_held_ms": settled[-1] if settled else None,
                     "retained": len(retained),
                     "stream_messages": sum(map(len, streams.values())),
                     "committed": moved.committed,
                     "prefetch_s": round(moved.prefetch_s, 2),
                     "pause_ms": round(moved.pause_s * 1000),
                     **{f"step_{step}_ms": round(s * 1000) for step, s in moved.steps_s.items()},
+                    "carried_whole": moved.carried["whole"],
+                    "carried_messages": moved.carried.get("messages"),
                     "move_s": round(move_s, 2),
                     "load_writes": len(load.sent),
                 }

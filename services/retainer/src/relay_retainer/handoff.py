@@ -30,6 +30,7 @@ export settles its copy.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -101,7 +102,11 @@ class RetainerHandoff(PartitionHandoff):
         watch = self.watches.start(partition, token)
         state = await self._collect(partition)
         async with self.retained.held(), self.streams.held():
-            return await asyncio.to_thread(watch.settle, state, *self._stores())
+            started = time.perf_counter()
+            exact = await asyncio.to_thread(watch.settle, state, *self._stores())
+            held_ms = (time.perf_counter() - started) * 1000
+        log.info("handoff_settled", partition=partition, held_ms=round(held_ms, 1))
+        return exact
 
     async def summary(self, partition: int) -> dict[str, Any]:
         watch = self.watches.get(partition)
