@@ -103,7 +103,7 @@ def _watches() -> pw.Watches:
     return pw.Watches(PARTITIONS, p_of)
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=_seed, before=_ops, during=_ops, after=_ops, p=st.integers(0, PARTITIONS - 1))
 def test_changes_since_a_settled_copy_give_the_source_state_and_its_digest(
     seed: tuple[dict, dict],  # type: ignore[type-arg]
@@ -113,8 +113,9 @@ def test_changes_since_a_settled_copy_give_the_source_state_and_its_digest(
     p: int,
 ) -> None:
     """Writes `before` the copy, `during` its collection (the watch started, the copy taken
-    before them), and `after` it settled: the watch's digest is a whole collection's, and its
-    changes, carried as JSON and installed over the copy on a target, give the same state."""
+    before them), and `after` it settled (half of them before the watch has its copy's
+    digests): the watch's digest is a whole collection's, and its changes, carried as JSON
+    and installed over the copy on a target, give the same state."""
     now = 1_000_000
     with tempfile.TemporaryDirectory() as root:
         base = Path(root)
@@ -129,21 +130,23 @@ def test_changes_since_a_settled_copy_give_the_source_state_and_its_digest(
                 apply(s_ret, s_str, watches, op, now)
             exact = watch.settle(copy, s_ret, s_str)
             assert ps.digest(exact) == ps.digest(collect(s_ret, s_str, p))
-            assert watch.refresh(s_ret).whole(p, PARTITIONS) == ps.digest(exact)
-
             ps.install(t_ret, t_str, exact, belongs(p), NEW_DB)
             target = pw.Watch(p, PARTITIONS, watch.token)
             target.rebase(collect(t_ret, t_str, p))
-            for op in after:
+            half = len(after) // 2
+            for op in after[:half]:  # told before the watch follows its copy's digests
+                apply(s_ret, s_str, watches, op, now)
+            watch.follow(ps.Digests.of(exact))
+            for op in after[half:]:
                 apply(s_ret, s_str, watches, op, now)
             source_now = ps.digest(collect(s_ret, s_str, p))
-            assert watch.refresh(s_ret).whole(p, PARTITIONS) == source_now
+            assert watch.refresh(s_ret, s_str).whole(p, PARTITIONS) == source_now
 
-            unit = json.loads(json.dumps(pw.to_json(watch.changes(s_ret, exact.mark))))
+            unit = json.loads(json.dumps(pw.to_json(watch.changes(s_ret, s_str, exact.mark))))
             changes = pw.from_json(unit, belongs(p))
             assert changes.digest == source_now
             pw.install(t_ret, t_str, changes, target, NEW_DB)
-            assert target.refresh(t_ret).whole(p, PARTITIONS) == source_now
+            assert target.refresh(t_ret, t_str).whole(p, PARTITIONS) == source_now
             got, want = collect(t_ret, t_str, p), collect(s_ret, s_str, p)
             assert (got.retained, got.streams) == (want.retained, want.streams)
 
@@ -157,22 +160,22 @@ def test_a_watch_past_its_bytes_is_stale_and_gives_no_changes(
     with stores(tmp_path) as (ret, strm):
         watches = _watches()
         watch = watches.start(p)
-        watch.settle(collect(ret, strm, p), ret, strm)
+        watch.rebase(collect(ret, strm, p))
         apply(ret, strm, watches, ("append", ("m", topic, b"x" * 6, None)), 0)
         assert watch.ready
         apply(ret, strm, watches, ("append", ("m", topic, b"x" * 6, None)), 0)
         assert not watch.ready
         assert watch.appended == []
         with pytest.raises(ValueError, match="stale"):
-            watch.changes(ret, "")
+            watch.changes(ret, strm, "")
 
 
 def test_a_watch_not_settled_has_no_digest(tmp_path: Path) -> None:
-    with stores(tmp_path) as (ret, _):
+    with stores(tmp_path) as (ret, strm):
         watch = _watches().start(1)
         assert not watch.ready
         with pytest.raises(ValueError, match="settled"):
-            watch.refresh(ret)
+            watch.refresh(ret, strm)
 
 
 def _changes(p: int) -> dict[str, Any]:

@@ -107,7 +107,8 @@ class Digests:
     messages."""
 
     retained: dict[str, bytes]
-    streams: dict[tuple[str, str], tuple[bytes, int]]
+    streams: dict[tuple[str, str], tuple[bytes, int, int]]
+    """(database, topic) → (chain, messages, the last one's ts)."""
 
     @classmethod
     def of(cls, state: PartitionState) -> Digests:
@@ -116,10 +117,23 @@ class Digests:
             digests.append(db, messages)
         return digests
 
-    def append(self, db: str, messages: Iterable[Message]) -> None:
+    def append(self, db: str, messages: Iterable[Message]) -> set[tuple[str, str]]:
+        """Extend the chains with messages stored after those they cover; the keys of any
+        stored with a ts before their topic's last (the store puts it before: the chain must
+        be made again from the store, `restart`)."""
+        unordered = set()
         for message in messages:
-            chain, count = self.streams.get((db, message.topic), (None, 0))
-            self.streams[db, message.topic] = (chained(chain, db, message), count + 1)
+            key = (db, message.topic)
+            chain, count, last = self.streams.get(key, (None, 0, 0))
+            if message.ts < last:
+                unordered.add(key)
+            self.streams[key] = (chained(chain, db, message), count + 1, message.ts)
+        return unordered
+
+    def restart(self, db: str, topic: str, messages: list[Message]) -> None:
+        """The chain of (db, topic) made again from its messages, in stream order."""
+        self.streams.pop((db, topic), None)
+        self.append(db, messages)
 
     def whole(self, partition: int, partitions: int) -> str:
         h = hashlib.sha256()
@@ -139,7 +153,7 @@ class Digests:
             "mark": mark,
             "digest": self.whole(partition, partitions),
             "retained": len(self.retained),
-            "messages": sum(count for _, count in self.streams.values()),
+            "messages": sum(count for _, count, _ in self.streams.values()),
         }
 
 

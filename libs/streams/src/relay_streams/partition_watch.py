@@ -70,6 +70,8 @@ class Watch:
     """None until `settle`."""
     touched: set[str] = field(default_factory=set)
     appended: list[tuple[str, Message]] = field(default_factory=list)
+    unordered: set[tuple[str, str]] = field(default_factory=set)
+    """Stream topics whose chain must be made again from the store (`Digests.append`)."""
     appended_bytes: int = 0
     stale: bool = False
 
@@ -90,13 +92,14 @@ class Watch:
             self.appended.clear()
             return
         if self.digests is not None:
-            self.digests.append(db, messages)
+            self.unordered |= self.digests.append(db, messages)
 
     def settle(
         self, state: PartitionState, retained: RetainedStore, streams: StreamStore
     ) -> PartitionState:
         """Make `state` (collected since this watch started) exact as the stores stand now,
-        which nothing may change while this runs; this watch follows it from then on."""
+        which nothing may change while this runs; what is told from then on is what changed
+        since it (`follow` gives the digests)."""
         kept = {m.topic: m for m in state.retained}
         for topic in self.touched:
             now = retained.read(topic, now=0)
@@ -117,29 +120,43 @@ class Watch:
         dbs: dict[str, list[Message]] = {}
         for db, topic in sorted(by_key):
             dbs.setdefault(db, []).extend(by_key[db, topic])
-        exact = PartitionState(
+        self._reset()
+        return PartitionState(
             state.partition,
             state.partitions,
             state.mark,
             tuple(kept[topic] for topic in sorted(kept)),
             tuple((db, tuple(messages)) for db, messages in sorted(dbs.items()) if messages),
         )
-        self.rebase(exact)
-        return exact
+
+    def follow(self, digests: Digests) -> None:
+        """Follow the copy `settle` returned, of which `digests` are (`Digests.of`, computed
+        once the writers run again): the writes told since are applied to them."""
+        for db, message in self.appended:
+            self.unordered |= digests.append(db, (message,))
+        self.digests = digests
 
     def rebase(self, state: PartitionState) -> None:
-        """Follow `state`, the partition as it stands now."""
-        self.digests = Digests.of(state)
+        """Follow `state`, the partition as it stands now (nothing writes it meanwhile)."""
+        self._reset()
+        self.follow(Digests.of(state))
+
+    def _reset(self) -> None:
         self.touched.clear()
         self.appended.clear()
+        self.unordered.clear()
         self.appended_bytes = 0
         self.stale = False
 
-    def refresh(self, retained: RetainedStore) -> Digests:
+    def refresh(self, retained: RetainedStore, streams: StreamStore) -> Digests:
         """The digests, with the retained topics written since read again (a write tells
-        the topic only); `ValueError` before `settle`."""
+        the topic only), and the stream topics appended to out of ts order read again whole;
+        `ValueError` before `follow`."""
         if self.digests is None:
             raise ValueError("the watch has not settled")
+        for db, topic in self.unordered:
+            self.digests.restart(db, topic, streams.open_db(db).topic_tail(topic, 0))
+        self.unordered.clear()
         for topic in self.touched:
             now = retained.read(topic, now=0)
             if now is None:
@@ -148,11 +165,11 @@ class Watch:
                 self.digests.retained[topic] = partition_state.retained_digest(now)
         return self.digests
 
-    def changes(self, retained: RetainedStore, mark: str) -> Changes:
+    def changes(self, retained: RetainedStore, streams: StreamStore, mark: str) -> Changes:
         """What changed since this watch settled; `ValueError` if it cannot say (stale)."""
         if not self.ready:
             raise ValueError("the watch is stale or has not settled")
-        digest = self.refresh(retained).whole(self.partition, self.partitions)
+        digest = self.refresh(retained, streams).whole(self.partition, self.partitions)
         found = {topic: retained.read(topic, now=0) for topic in sorted(self.touched)}
         return Changes(
             self.partition,

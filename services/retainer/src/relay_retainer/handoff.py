@@ -105,6 +105,7 @@ class RetainerHandoff(PartitionHandoff):
             started = time.perf_counter()
             exact = await asyncio.to_thread(watch.settle, state, *self._stores())
             held_ms = (time.perf_counter() - started) * 1000
+        watch.follow(await asyncio.to_thread(ps.Digests.of, exact))
         log.info("handoff_settled", partition=partition, held_ms=round(held_ms, 1))
         return exact
 
@@ -112,8 +113,7 @@ class RetainerHandoff(PartitionHandoff):
         watch = self.watches.get(partition)
         if watch is None or not watch.ready:
             return ps.summary(await self._collect(partition))
-        retained, _ = self._stores()
-        digests = await asyncio.to_thread(watch.refresh, retained)
+        digests = await asyncio.to_thread(watch.refresh, *self._stores())
         return digests.summary(partition, self.partitions, await self._mark(partition))
 
     async def _mark(self, partition: int) -> str:
@@ -132,9 +132,8 @@ class RetainerHandoff(PartitionHandoff):
             since = request.query_params.get("since")
             watch = self.watches.get(partition)
             if since and watch is not None and watch.token == since and watch.ready:
-                retained, _ = self._stores()
                 mark = await self._mark(partition)
-                changes = await asyncio.to_thread(watch.changes, retained, mark)
+                changes = await asyncio.to_thread(watch.changes, *self._stores(), mark)
                 unit = pw.to_json(changes)
             else:
                 state = await self._watched(partition)
