@@ -61,6 +61,41 @@ class Changes:
     """Stream messages stored since, in order: (database, message)."""
 
 
+@dataclass(frozen=True)
+class Reread:
+    """`Watch.reread`: the retained topics written during a collection as they stood after
+    it (None: no message), and each stream topic appended to, from the earliest ts appended
+    (at or after which every message appended meanwhile is stored)."""
+
+    retained: dict[str, Retained | None]
+    tails: dict[tuple[str, str], tuple[int, list[Message]]]
+
+    def apply(self, state: PartitionState) -> PartitionState:
+        kept = {m.topic: m for m in state.retained}
+        for topic, now in self.retained.items():
+            if now is None:
+                kept.pop(topic, None)
+            else:
+                kept[topic] = now
+        by_key: dict[tuple[str, str], list[Message]] = {}
+        for db, messages in state.streams:
+            for m in messages:
+                by_key.setdefault((db, m.topic), []).append(m)
+        for (db, topic), (start, tail) in self.tails.items():
+            before = [m for m in by_key.get((db, topic), []) if m.ts < start]
+            by_key[db, topic] = before + tail
+        dbs: dict[str, list[Message]] = {}
+        for db, topic in sorted(by_key):
+            dbs.setdefault(db, []).extend(by_key[db, topic])
+        return PartitionState(
+            state.partition,
+            state.partitions,
+            state.mark,
+            tuple(kept[topic] for topic in sorted(kept)),
+            tuple((db, tuple(messages)) for db, messages in sorted(dbs.items()) if messages),
+        )
+
+
 @dataclass
 class Watch:
     partition: int
@@ -97,37 +132,25 @@ class Watch:
     def settle(
         self, state: PartitionState, retained: RetainedStore, streams: StreamStore
     ) -> PartitionState:
-        """Make `state` (collected since this watch started) exact as the stores stand now,
-        which nothing may change while this runs; what is told from then on is what changed
-        since it (`follow` gives the digests)."""
-        kept = {m.topic: m for m in state.retained}
-        for topic in self.touched:
-            now = retained.read(topic, now=0)
-            if now is None:
-                kept.pop(topic, None)
-            else:
-                kept[topic] = now
-        by_key: dict[tuple[str, str], list[Message]] = {}
-        for db, messages in state.streams:
-            for m in messages:
-                by_key.setdefault((db, m.topic), []).append(m)
+        """`reread` then `Reread.apply` (the retainer runs the second once its writers run
+        again)."""
+        return self.reread(retained, streams).apply(state)
+
+    def reread(self, retained: RetainedStore, streams: StreamStore) -> Reread:
+        """What was written since this watch started, read again from the stores, which
+        nothing may change while this runs: applied to a copy collected since the watch
+        started, it makes that copy exact as the stores stood here. What is told from then on
+        is what changed since (`follow` gives the digests)."""
+        found = {topic: retained.read(topic, now=0) for topic in self.touched}
         since: dict[tuple[str, str], int] = {}
         for db, m in self.appended:
             since[db, m.topic] = min(m.ts, since.get((db, m.topic), m.ts))
-        for (db, topic), start in since.items():
-            before = [m for m in by_key.get((db, topic), []) if m.ts < start]
-            by_key[db, topic] = before + streams.open_db(db).topic_tail(topic, start)
-        dbs: dict[str, list[Message]] = {}
-        for db, topic in sorted(by_key):
-            dbs.setdefault(db, []).extend(by_key[db, topic])
+        tails = {
+            (db, topic): (start, streams.open_db(db).topic_tail(topic, start))
+            for (db, topic), start in since.items()
+        }
         self._reset()
-        return PartitionState(
-            state.partition,
-            state.partitions,
-            state.mark,
-            tuple(kept[topic] for topic in sorted(kept)),
-            tuple((db, tuple(messages)) for db, messages in sorted(dbs.items()) if messages),
-        )
+        return Reread(found, tails)
 
     def follow(self, digests: Digests) -> None:
         """Follow the copy `settle` returned, of which `digests` are (`Digests.of`, computed

@@ -103,8 +103,9 @@ class RetainerHandoff(PartitionHandoff):
         state = await self._collect(partition)
         async with self.retained.held(), self.streams.held():
             started = time.perf_counter()
-            exact = await asyncio.to_thread(watch.settle, state, *self._stores())
+            reread = await asyncio.to_thread(watch.reread, *self._stores())
             held_ms = (time.perf_counter() - started) * 1000
+        exact = await asyncio.to_thread(reread.apply, state)
         watch.follow(await asyncio.to_thread(ps.Digests.of, exact))
         log.info("handoff_settled", partition=partition, held_ms=round(held_ms, 1))
         return exact
