@@ -13,10 +13,12 @@ retained publishes and stream stores: prefetch (a whole copy while the source se
 catch-up (only the changes since the prefetch), commit, release. Every acknowledged write of
 the loads is checked on its owner.
 
-Reported per move: `writers_held_ms` (how long the source's prefetch held its writers to settle
-its copy, from its log), `prefetch_s`, `pause_ms` (pause call to the commit's answer) and its
-steps, what the catch-up carried, `move_s` (prefetch to release); and `scale_s`, the two moves
-together. The last line is a JSON summary.
+Reported per move: `source_readyz_worst_ms` (the slowest answer of the source's `/readyz`,
+asked every 20 ms while the move ran: how long its event loop was held), `writers_held_ms`
+(how long the source's prefetch held its writers to settle its copy, from its log),
+`prefetch_s`, `pause_ms` (pause call to the commit's answer) and its steps, what the catch-up
+carried, `move_s` (prefetch to release); and `scale_s`, the two moves together. The last line
+is a JSON summary.
 """
 
 from __future__ import annotations
@@ -27,11 +29,13 @@ import json
 import shutil
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
+import httpx
 import report
 from aiokafka import TopicPartition
 
@@ -150,6 +154,36 @@ async def fill(kafka: helpers.Kafka, count: int) -> tuple[float, dict[int, int]]
         await filler.consumer.stop()
 
 
+class Probe:
+    """Asks the source's `/readyz` every 20 ms in a thread: how long its answers took while
+    a move ran (an event loop held by a long step shows as a slow answer)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.took_ms: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Probe:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=10) as client:
+            while not self._stop.is_set():
+                started = time.perf_counter()
+                client.get(f"{self.url}/readyz")
+                self.took_ms.append((time.perf_counter() - started) * 1000)
+                time.sleep(0.02)
+
+    def worst_ms(self) -> float:
+        return round(max(self.took_ms, default=0.0), 1)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--topics", type=int, default=100_000)
@@ -171,9 +205,10 @@ def main() -> None:
                 load.start()
                 time.sleep(1.0)
                 started = time.monotonic()
-                moved = handoff_calls.move(
-                    a, b, partition, owners, 2 + 2 * n, budget_s=args.budget_s
-                )
+                with Probe(a) as probe:
+                    moved = handoff_calls.move(
+                        a, b, partition, owners, 2 + 2 * n, budget_s=args.budget_s
+                    )
                 move_s = time.monotonic() - started
                 scale_s += move_s
                 time.sleep(0.5)
@@ -191,6 +226,7 @@ def main() -> None:
                 ]
                 summary[f"p{partition}"] = {
                     "writers_held_ms": settled[-1] if settled else None,
+                    "source_readyz_worst_ms": probe.worst_ms(),
                     "retained": len(retained),
                     "stream_messages": sum(map(len, streams.values())),
                     "committed": moved.committed,

@@ -26,14 +26,16 @@ partition 409 `SOURCE_SERVING`.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any
 
 import httpx
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from relay_bus import clients
@@ -52,6 +54,18 @@ class Refusal(Exception):
 
     def response(self) -> JSONResponse:
         return JSONResponse({"error": self.code, "detail": self.detail}, status_code=self.status)
+
+
+async def unit_response(make: Callable[[], dict[str, Any]]) -> Response:
+    """A JSON answer made and encoded in a worker thread: a whole partition's unit runs to
+    tens of MB (a quarter of 100,000 retained topics and stream messages: 18.5 MB, about
+    250 ms to build and encode), and the partitions served meanwhile must not wait for it.
+    `make` reads only what nothing changes meanwhile."""
+
+    def encoded() -> bytes:
+        return json.dumps(make(), ensure_ascii=False, separators=(",", ":")).encode()
+
+    return Response(await asyncio.to_thread(encoded), media_type="application/json")
 
 
 def json_body(raw: bytes) -> Any:
@@ -76,7 +90,7 @@ class PartitionHandoff(ABC):
         """`{partition, mark, digest, ...counts}` of what is held here now."""
 
     @abstractmethod
-    async def export(self, request: Request) -> JSONResponse: ...
+    async def export(self, request: Request) -> Response: ...
 
     @abstractmethod
     async def import_(self, request: Request) -> JSONResponse: ...
@@ -154,7 +168,10 @@ class PartitionHandoff(ABC):
             raise Refusal(502, "SOURCE_UNAVAILABLE", f"{url}: {error}") from None
         if response.status_code != 200:
             raise Refusal(502, "SOURCE_UNAVAILABLE", f"{url}: {response.status_code}")
-        unit = response.json()
+        try:
+            unit = await asyncio.to_thread(json.loads, response.content)  # tens of MB
+        except ValueError:
+            raise Refusal(502, "SOURCE_UNAVAILABLE", f"{url}: not JSON") from None
         if not isinstance(unit, dict):
             raise Refusal(502, "SOURCE_UNAVAILABLE", f"{url}: not a partition state")
         if final and unit.get("serving") is not False:

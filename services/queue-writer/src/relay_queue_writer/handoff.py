@@ -30,10 +30,10 @@ from typing import Any
 
 import structlog
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 
 from relay_bus.fencing import Ownership
-from relay_bus.handoff_routes import PartitionHandoff, Refusal, json_body
+from relay_bus.handoff_routes import PartitionHandoff, Refusal, json_body, unit_response
 from relay_journal.journal import QueueJournal
 from relay_queue_writer.stores import Stores
 from relay_queues import partition_state, partition_watch
@@ -182,9 +182,10 @@ class Handoff(PartitionHandoff):
         await self._durable(seq)
         return await self.described(changes.partition)
 
-    async def export(self, request: Request) -> JSONResponse:
-        """The whole state, or with `?since=<token>` of this instance's watch of the
-        partition, only the queues changed since that state."""
+    async def export(self, request: Request) -> Response:
+        """The whole state (built and encoded in a worker thread: `unit_response`), or with
+        `?since=<token>` of this instance's watch of the partition, only the queues changed
+        since that state."""
         try:
             partition = self.checked(request)
         except Refusal as refusal:
@@ -194,11 +195,13 @@ class Handoff(PartitionHandoff):
         watch = self.watches.get(partition)
         if since and watch is not None and watch.token == since:
             unit = partition_state.changes_to_json(watch.changes(*self._engines()))
-        else:
-            state, started = await self._collect(partition, watch=True)
-            assert started is not None
-            unit = partition_state.to_json(state, since=started.token)
-        return JSONResponse({**unit, "serving": serving})
+            return JSONResponse({**unit, "serving": serving})
+        state, started = await self._collect(partition, watch=True)
+        assert started is not None
+        token = started.token
+        return await unit_response(
+            lambda: {**partition_state.to_json(state, since=token), "serving": serving}
+        )
 
     async def import_(self, request: Request) -> JSONResponse:
         try:

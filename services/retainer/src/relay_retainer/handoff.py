@@ -37,12 +37,12 @@ from typing import Any
 
 import structlog
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 
 from relay_bus import routing
 from relay_bus.bus import Bus
 from relay_bus.fencing import Ownership
-from relay_bus.handoff_routes import PartitionHandoff, Refusal, json_body
+from relay_bus.handoff_routes import PartitionHandoff, Refusal, json_body, unit_response
 from relay_retainer.retained import RetainedHost
 from relay_retainer.streams import StreamHost
 from relay_streams import partition_state as ps
@@ -124,7 +124,7 @@ class RetainerHandoff(PartitionHandoff):
         await asyncio.sleep(0)  # operations of records read before the fence hand over writes
         await asyncio.gather(self.streams.settled(), self.retained.settled())
 
-    async def export(self, request: Request) -> JSONResponse:
+    async def export(self, request: Request) -> Response:
         """The whole state, or with `?since=<token>` of this instance's watch of the
         partition, only the changes since that state."""
         try:
@@ -135,15 +135,16 @@ class RetainerHandoff(PartitionHandoff):
             if since and watch is not None and watch.token == since and watch.ready:
                 mark = await self._mark(partition)
                 changes = await asyncio.to_thread(watch.changes, *self._stores(), mark)
-                unit = pw.to_json(changes)
-            else:
-                state = await self._watched(partition)
-                watch = self.watches.get(partition)
-                assert watch is not None
-                unit = {**ps.to_json(state), "since": watch.token}
+                return JSONResponse({**pw.to_json(changes), "serving": serving})
+            state = await self._watched(partition)
+            watch = self.watches.get(partition)
+            assert watch is not None
+            token = watch.token
         except Refusal as refusal:
             return refusal.response()
-        return JSONResponse({**unit, "serving": serving})
+        return await unit_response(
+            lambda: {**ps.to_json(state), "since": token, "serving": serving}
+        )
 
     def _header(self, partition: int, body: Any) -> None:
         """`Refusal` unless `body` is of `partition` of this topic."""
@@ -161,11 +162,12 @@ class RetainerHandoff(PartitionHandoff):
                 f"the state is of partition {body.get('partition')!r}, this is {partition}",
             )
 
-    def _offered(self, partition: int, body: Any) -> ps.PartitionState:
-        """The whole state `body` carries for `partition`, or `Refusal`."""
+    async def _offered(self, partition: int, body: Any) -> ps.PartitionState:
+        """The whole state `body` carries for `partition`, or `Refusal` (read in a worker
+        thread: a whole partition runs to tens of thousands of entries)."""
         self._header(partition, body)
         try:
-            return ps.from_json(body, self._belongs(partition))
+            return await asyncio.to_thread(ps.from_json, body, self._belongs(partition))
         except ValueError as error:
             raise Refusal(400, "BAD_STATE", str(error)) from None
 
@@ -210,7 +212,7 @@ class RetainerHandoff(PartitionHandoff):
             partition = self.checked(request)
             self.not_served(partition)
             body = json_body(await request.body())
-            state = self._offered(partition, body)
+            state = await self._offered(partition, body)
             since = body.get("since")
             return JSONResponse(
                 await self._install(state, since if isinstance(since, str) else None)
@@ -258,7 +260,7 @@ class RetainerHandoff(PartitionHandoff):
                     log.warning("handoff_changes_differ", partition=partition, **carried)
                     differed = carried
                 unit = await self.pull(partition, source, final=final)
-            state = self._offered(partition, unit)
+            state = await self._offered(partition, unit)
             since_name = unit.get("since")
             answer = await self._install(state, since_name if isinstance(since_name, str) else None)
         except Refusal as refusal:
