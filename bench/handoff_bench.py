@@ -15,10 +15,11 @@ queues of it: prefetch (the target pulls the whole partition while the source se
 Every acknowledged message of the loads is checked on its owner, in order, and every queue
 made is held once.
 
-Reported per move: `prefetch_s` (a whole copy of the partition: what each pause would hold
-without the changes-only catch-up), `pause_ms` (pause call to the commit's answer) and its
-steps, what the catch-up carried, and `move_s` (prefetch to release); and `scale_s`, the two
-moves together. The last line is a JSON summary.
+Reported per move: `source_readyz_worst_ms` (`probe.ReadyProbe`: how long the source's event
+loop was held while the move ran), `prefetch_s` (a whole copy of the partition: what each
+pause would hold without the changes-only catch-up), `pause_ms` (pause call to the commit's
+answer) and its steps, what the catch-up carried, and `move_s` (prefetch to release); and
+`scale_s`, the two moves together. The last line is a JSON summary.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import report
 from aiokafka import TopicPartition
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+from probe import ReadyProbe
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -140,9 +142,10 @@ def main() -> None:
                 load.start(partition)
                 time.sleep(1.0)
                 started = time.monotonic()
-                moved = handoff_calls.move(
-                    a, b, partition, owners, 2 + 2 * n, budget_s=args.budget_s
-                )
+                with ReadyProbe(a) as probe:
+                    moved = handoff_calls.move(
+                        a, b, partition, owners, 2 + 2 * n, budget_s=args.budget_s
+                    )
                 move_s = time.monotonic() - started
                 scale_s += move_s
                 time.sleep(0.5)
@@ -154,6 +157,7 @@ def main() -> None:
                 assert held == acknowledged, "an acknowledged message is not on the owner"
                 assert len(bodies) == per_partition[partition] + handoff.LOAD_QUEUES
                 summary[f"p{partition}"] = {
+                    "source_readyz_worst_ms": probe.worst_ms(),
                     "queues": len(bodies),
                     "committed": moved.committed,
                     "prefetch_s": round(moved.prefetch_s, 2),

@@ -29,15 +29,14 @@ import json
 import shutil
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-import httpx
 import report
 from aiokafka import TopicPartition
+from probe import ReadyProbe
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -154,36 +153,6 @@ async def fill(kafka: helpers.Kafka, count: int) -> tuple[float, dict[int, int]]
         await filler.consumer.stop()
 
 
-class Probe:
-    """Asks the source's `/readyz` every 20 ms in a thread: how long its answers took while
-    a move ran (an event loop held by a long step shows as a slow answer)."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.took_ms: list[float] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> Probe:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join(10)
-
-    def _run(self) -> None:
-        with httpx.Client(timeout=10) as client:
-            while not self._stop.is_set():
-                started = time.perf_counter()
-                client.get(f"{self.url}/readyz")
-                self.took_ms.append((time.perf_counter() - started) * 1000)
-                time.sleep(0.02)
-
-    def worst_ms(self) -> float:
-        return round(max(self.took_ms, default=0.0), 1)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--topics", type=int, default=100_000)
@@ -205,7 +174,7 @@ def main() -> None:
                 load.start()
                 time.sleep(1.0)
                 started = time.monotonic()
-                with Probe(a) as probe:
+                with ReadyProbe(a) as probe:
                     moved = handoff_calls.move(
                         a, b, partition, owners, 2 + 2 * n, budget_s=args.budget_s
                     )

@@ -175,6 +175,23 @@ def same_bodies(held: dict[str, list[str]], acknowledged: dict[str, list[str]]) 
     return "; ".join(problems)
 
 
+def released(found: dict[str, dict[str, Any]]) -> list[str]:
+    """Check that every move is Released with equal digests and its pause within the budget;
+    a line on each, in generation order."""
+    lines = []
+    for name, move in sorted(found.items(), key=lambda kv: kv[1]["spec"]["generation"]):
+        spec, result = move["spec"], move["status"]
+        assert result["phase"] == "Released", (name, result)
+        assert result["sourceDigest"] == result["targetDigest"]
+        assert 0 < result["pauseMs"] <= BUDGET_S * 1000
+        took = (times.parse(result["finishedAt"]) or 0) - (times.parse(result["startedAt"]) or 0)
+        lines.append(
+            f"{name}: p{spec['partition']} {spec['fromOrdinal']}->{spec['toOrdinal']} "
+            f"pause {result['pauseMs']:.0f} ms, move {took * 1000:.0f} ms"
+        )
+    return lines
+
+
 def wait_at_size(api: kube.Served, replicas: int, op: Operator, pool: str = "queue-writer") -> None:
     """Wait for the pool at `replicas`; on timeout, say where its moves and status were."""
     try:
@@ -236,17 +253,7 @@ def test_a_queue_writer_pool_scales_one_two_one_under_load_losing_nothing(
 
     found = moves_of(api)
     assert len(found) == 4, sorted(found)
-    lines = []
-    for name, move in sorted(found.items(), key=lambda kv: kv[1]["spec"]["generation"]):
-        spec, result = move["spec"], move["status"]
-        assert result["phase"] == "Released", (name, result)
-        assert result["sourceDigest"] == result["targetDigest"]
-        assert 0 < result["pauseMs"] <= BUDGET_S * 1000
-        took = (times.parse(result["finishedAt"]) or 0) - (times.parse(result["startedAt"]) or 0)
-        lines.append(
-            f"{name}: p{spec['partition']} {spec['fromOrdinal']}->{spec['toOrdinal']} "
-            f"pause {result['pauseMs']:.0f} ms, move {took * 1000:.0f} ms"
-        )
+    lines = released(found)
     # Up: partition order; down: the highest ordinal emptied (it is the only one above 0).
     order = [
         (m["spec"]["partition"], m["spec"]["toOrdinal"])
@@ -420,8 +427,19 @@ def test_manual_moves_wait_for_approval_and_a_failed_one_blocks_until_deleted(
         time.sleep(2)
         assert moves_of(api)["queue-writer-g4-p3"]["status"]["phase"] == "Planned"  # blocked
 
-        # A person looks, the pod answers again, the move is deleted: the pool plans anew.
+        # A person looks, the pod answers again, puts the partitions right (here: a newer
+        # generation installed on both pods, the owners as they are), deletes the move: the
+        # pool adopts that generation from its pods and plans anew above it.
         pods.freeze(1, frozen=False)
+        right = {"generation": 10, "partitions": PARTITIONS, "replicas": 2}
+        for url in (pods.urls()[1], pods.urls()[0]):
+            put = httpx.put(
+                f"{url}/internal/ownership",
+                json={**right, "assignment": [0, 0, 0, 0]},
+                headers=AUTH,
+                timeout=30,
+            )
+            assert put.status_code == 200, put.text
         api.delete(
             f"/apis/relay.dev/v1alpha1/namespaces/{NAMESPACE}/relaypartitionmoves/"
             "queue-writer-g2-p2"
@@ -437,14 +455,14 @@ def test_manual_moves_wait_for_approval_and_a_failed_one_blocks_until_deleted(
         wait_for("1 -> 2 after the new plan", approved_all, timeout_s=SCALE_S, operator=op)
     found = moves_of(api)
     assert "queue-writer-g2-p2" not in found
-    released = sorted(
+    done = sorted(
         (m["spec"]["partition"], m["spec"]["generation"])
         for m in found.values()
         if m["status"]["phase"] == "Released"
     )
-    # Planned again above every generation the pool's moves used (the old p3 move's 4).
-    assert [p for p, _ in released] == [2, 3]
-    assert all(g > 4 for _, g in released)
+    # Planned again above the generation the pods reported (10), not the pool's own (4).
+    assert [p for p, _ in done] == [2, 3]
+    assert all(g > 10 for _, g in done), done
     assert pool_status(api)["assignment"] == [0, 0, 1, 1]
     assert owners.overlaps == []
 

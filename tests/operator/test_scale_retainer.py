@@ -18,13 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from relay_operator import pools, times
+from relay_operator import pools
 from tests import helpers
 from tests.operator import kube
 from tests.operator.conftest import NAMESPACE, Operator, wait_for
 from tests.operator.statefulsets import StatefulSetStandIn
 from tests.operator.test_scale import (
-    BUDGET_S,
     HELD_AT,
     SCALE_S,
     Owners,
@@ -32,6 +31,7 @@ from tests.operator.test_scale import (
     install,
     moves_of,
     pool_status,
+    released,
     status_of,
     wait_at_size,
 )
@@ -115,17 +115,7 @@ def test_a_retainer_pool_scales_one_two_one_under_load_losing_nothing(
     assert (pods.started, pods.stopped) == ([0, 1], [1])
     found = moves_of(api)
     assert len(found) == 4, sorted(found)
-    lines = []
-    for name, move in sorted(found.items(), key=lambda kv: kv[1]["spec"]["generation"]):
-        spec, result = move["spec"], move["status"]
-        assert result["phase"] == "Released", (name, result)
-        assert result["sourceDigest"] == result["targetDigest"]
-        assert 0 < result["pauseMs"] <= BUDGET_S * 1000
-        took = (times.parse(result["finishedAt"]) or 0) - (times.parse(result["startedAt"]) or 0)
-        lines.append(
-            f"{name}: p{spec['partition']} {spec['fromOrdinal']}->{spec['toOrdinal']} "
-            f"pause {result['pauseMs']:.0f} ms, move {took * 1000:.0f} ms"
-        )
+    lines = released(found)
     assert owners.overlaps == [], owners.overlaps[:3]
     assert any(serving.get(1) == [2, 3] for serving in owners.seen)  # 1 did serve them
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -277,3 +278,46 @@ def test_an_instance_publishes_its_acceptance_again_when_the_topic_lost_it(
         published = asyncio.run(overwrite_then_read(12.0))
         assert published[0] == Assignment(1, 1, (0, 0, 0, 0))
         assert _state(a)["serving"] == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("script", ["relay-queue-writer", "relay-retainer"])
+def test_the_partitions_of_an_ordinal_lost_with_its_volume_are_served_once_published_for_it(
+    script: str, kafka: helpers.Kafka, tmp_path: Path
+) -> None:
+    """Ordinal 1 is gone for good (stopped, its volume deleted): the generation giving its
+    partitions to ordinal 0 leaves them pending there (ordinal 1's publication of generation 1
+    still claims them) until ordinal 0 publishes it for the lost ordinal. Should ordinal 1
+    come back, on a new volume, it serves nothing."""
+    topic = TOPIC_OF[script]
+    with _started(script, _env(kafka, tmp_path / "d0", 0, 2)) as a:
+        with _started(script, _env(kafka, tmp_path / "d1", 1, 2)) as b:
+            _wait("generation 1 served", lambda: _serving([a, b]) == [[0, 2], [1, 3]])
+        shutil.rmtree(tmp_path / "d1")
+
+        def lost(ordinal: str, **headers: str) -> httpx.Response:
+            url = f"{a}/internal/ownership/lost/{ordinal}"
+            return httpx.post(url, headers=headers, timeout=30)
+
+        before = _state(a)
+        refused = [
+            (lost("1", **AUTH), 409, "ORDINAL_OWNS"),  # generation 1 still gives it 1 and 3
+            (lost("0", **AUTH), 400, "NOT_LOST"),
+            (lost("x", **AUTH), 400, "BAD_ORDINAL"),
+            (lost("1"), 403, "FORBIDDEN"),
+        ]
+        for response, status, code in refused:
+            assert (response.status_code, response.json()["error"]) == (status, code)
+        assert _state(a) == before
+
+        assert _install(a, 2, [0, 0, 0, 0], 2).status_code == 200
+        assert (_state(a)["serving"], _state(a)["pending"]) == ([0, 2], [1, 3])
+        taken = lost("1", **AUTH)
+        assert taken.status_code == 200, taken.text
+        assert taken.json()["serving"] == [0, 1, 2, 3]
+        _put_unreadable(kafka, topic, 1)
+        _wait("a to read partition 1", lambda: _rejected(a, topic) == 1)
+
+        with _started(script, _env(kafka, tmp_path / "d1", 1, 2)) as back:
+            state = _state(back)
+            assert (state["generation"], state["serving"], state["owns_nothing"]) == (2, [], True)
+            _assert_one_owner_each([a, back])

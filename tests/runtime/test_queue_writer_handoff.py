@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -25,11 +24,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from aiokafka import TopicPartition
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from relay_bus import clients, schemas, topics
+from relay_bus import schemas, topics
 from relay_queues import ids
 from relay_queues import partition_state as ps
 from tests import helpers
@@ -45,6 +43,7 @@ from tests.runtime.handoff_calls import (
     ok,
     serving,
 )
+from tests.runtime.inbox_load import InboxLoad
 
 MOVED = 1
 SEND_INTERVAL_S = 0.02
@@ -84,106 +83,55 @@ def one_then_two(kafka: helpers.Kafka, root: Path) -> Iterator[tuple[str, str]]:
 
 
 @dataclass
-class Load:
+class Load(InboxLoad):
     """SEND commands for `LOAD_QUEUES` queues on one partition, in turn, one every
     `interval_s` until stopped (or `per_queue` sends each: below the quota of 128
     messages a queue), each with its own body (its rank); replies read from the inbox by id."""
 
-    kafka: helpers.Kafka
     interval_s: float = SEND_INTERVAL_S
     per_queue: int = PER_QUEUE
-    origin: str = field(default_factory=lambda: f"handoff-{uuid.uuid4().hex[:8]}")
+    partition: int = 0
     queues: list[tuple[str, str]] = field(default_factory=list)
     """(recipient id, sender id) of each queue."""
     sent: list[tuple[str, str, str]] = field(default_factory=list)
     """(command id, queue, body) in the order put on Kafka."""
-    replies: dict[str, schemas.QueueReply] = field(default_factory=dict)
-    stop: threading.Event = field(default_factory=threading.Event)
     created: threading.Event = field(default_factory=threading.Event)
-    done: threading.Event = field(default_factory=threading.Event)
-    error: BaseException | None = None
 
     def start(self, partition: int) -> None:
+        self.partition = partition
         while len(self.queues) < LOAD_QUEUES:
             queue, sender = ids.new_queue_ids(PARTITIONS)
             if ids.partition_of(queue, PARTITIONS) == partition:
                 self.queues.append((queue, sender))
-        threading.Thread(target=self._thread, args=(partition,), daemon=True).start()
+        self.run_in_thread()
         assert self.created.wait(60), self.error
 
-    def _thread(self, partition: int) -> None:
-        try:
-            asyncio.run(self._run(partition))
-        except BaseException as error:  # reported by the test
-            self.error = error
-        finally:
-            self.done.set()
+    def is_reply(self, record: object) -> bool:
+        return isinstance(record, schemas.QueueReply)
 
-    def _request(self) -> dict[str, Any]:
-        deadline = time.time() * 1000 + 120_000
-        return {
-            "id": uuid.uuid4().hex,
-            "origin": self.origin,
-            "reply_slot": 0,
-            "deadline_ms": deadline,
-        }
-
-    async def _run(self, partition: int) -> None:
-        settings = self.kafka.settings()
-        producer = clients.producer(settings, f"{self.origin}-p")
-        consumer = clients.consumer(settings, f"{self.origin}-c", None)
-        await producer.start()
-        await consumer.start()
-        consumer.assign([TopicPartition(self.kafka.prefix + topics.INGRESS_INBOX, 0)])
-        commands = self.kafka.prefix + topics.QUEUE_COMMANDS
-        reader = asyncio.create_task(self._read(consumer))
-        try:
-            key = (
-                Ed25519PrivateKey.generate()
-                .public_key()
-                .public_bytes(Encoding.Raw, PublicFormat.Raw)
+    async def produce(self, producer: Any) -> None:
+        commands = self.topic(topics.QUEUE_COMMANDS)
+        key = Ed25519PrivateKey.generate().public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+        for queue, sender in self.queues:
+            create = schemas.CreateQueue(
+                **self.request(), queue=queue, sender=sender, recipient_key=ids.b64u(key)
             )
-            for queue, sender in self.queues:
-                create = schemas.CreateQueue(
-                    **self._request(), queue=queue, sender=sender, recipient_key=ids.b64u(key)
-                )
-                await producer.send_and_wait(commands, schemas.encode(create), partition=partition)
-                while create.id not in self.replies:
-                    await asyncio.sleep(0.05)
-                assert self.replies[create.id].status == 201, self.replies[create.id]
-            self.created.set()
-            rank = 0
-            while not self.stop.is_set() and rank < LOAD_QUEUES * self.per_queue:
-                queue, sender = self.queues[rank % LOAD_QUEUES]
-                body = f"m{rank:06d}"
-                send = schemas.SendMessage(
-                    **self._request(),
-                    sender=sender,
-                    msg_id=ids.new_id(),
-                    body=ids.b64u(body.encode()),
-                )
-                await producer.send_and_wait(commands, schemas.encode(send), partition=partition)
-                self.sent.append((send.id, queue, body))
-                rank += 1
-                await asyncio.sleep(self.interval_s)
-            deadline = time.monotonic() + 60
-            while any(i not in self.replies for i, _, _ in self.sent):
-                assert time.monotonic() < deadline, "replies missing"
-                await asyncio.sleep(0.05)
-        finally:
-            reader.cancel()
-            await asyncio.gather(reader, return_exceptions=True)
-            await producer.stop()
-            await consumer.stop()
-
-    async def _read(self, consumer: Any) -> None:
-        while True:
-            batches = await consumer.getmany(timeout_ms=200)
-            for records in batches.values():
-                for raw in records:
-                    record = schemas.decode(raw.value)
-                    if isinstance(record, schemas.QueueReply) and record.origin == self.origin:
-                        self.replies[record.id] = record
+            await producer.send_and_wait(commands, schemas.encode(create), partition=self.partition)
+            await self.answered([create.id])
+            assert self.replies[create.id].status == 201, self.replies[create.id]
+        self.created.set()
+        rank = 0
+        while not self.stop.is_set() and rank < LOAD_QUEUES * self.per_queue:
+            queue, sender = self.queues[rank % LOAD_QUEUES]
+            body = f"m{rank:06d}"
+            send = schemas.SendMessage(
+                **self.request(), sender=sender, msg_id=ids.new_id(), body=ids.b64u(body.encode())
+            )
+            await producer.send_and_wait(commands, schemas.encode(send), partition=self.partition)
+            self.sent.append((send.id, queue, body))
+            rank += 1
+            await asyncio.sleep(self.interval_s)
+        await self.answered([i for i, _, _ in self.sent])
 
     def finish(self) -> dict[str, list[str]]:
         """Stop sending, wait for every reply; each queue's bodies acknowledged (201), in

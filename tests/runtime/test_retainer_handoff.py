@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -17,9 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from aiokafka import TopicPartition
 
-from relay_bus import clients, routing, schemas, topics
+from relay_bus import routing, schemas, topics
 from relay_durable import codec
 from relay_streams import partition_state as ps
 from relay_streams.retained import Retained
@@ -36,6 +34,7 @@ from tests.runtime.handoff_calls import (
     ok,
     serving,
 )
+from tests.runtime.inbox_load import InboxLoad
 
 MOVED = 1
 KEPT = 2
@@ -81,107 +80,54 @@ def topics_of(partition: int, prefix: str) -> list[str]:
 
 
 @dataclass
-class Load:
+class Load(InboxLoad):
     """In turn, on `TOPICS` topics of one partition: a retained publish (payload: its rank) and
     a durable-stream store of one message (the same rank), one pair every `interval_s` until
     stopped, awaiting only Kafka's acknowledgement; answers read from the inbox by id."""
 
-    kafka: helpers.Kafka
     partition: int
     interval_s: float = INTERVAL_S
-    origin: str = field(default_factory=lambda: f"rhandoff-{uuid.uuid4().hex[:8]}")
     sent: list[tuple[str, str, str, str]] = field(default_factory=list)
     """(request id, "retained" or "stream", topic, payload text) in the order put on Kafka."""
-    replies: dict[str, schemas.DsReply] = field(default_factory=dict)
-    stop: threading.Event = field(default_factory=threading.Event)
     started: threading.Event = field(default_factory=threading.Event)
-    done: threading.Event = field(default_factory=threading.Event)
-    error: BaseException | None = None
 
     def start(self) -> None:
-        threading.Thread(target=self._thread, daemon=True).start()
+        self.run_in_thread()
         assert self.started.wait(60), self.error
 
-    def _thread(self) -> None:
-        try:
-            asyncio.run(self._run())
-        except BaseException as error:  # reported by the test
-            self.error = error
-        finally:
-            self.done.set()
+    def is_reply(self, record: object) -> bool:
+        return isinstance(record, schemas.DsReply)
 
-    def _request(self) -> dict[str, Any]:
-        return {
-            "id": uuid.uuid4().hex,
-            "origin": self.origin,
-            "reply_slot": 0,
-            "deadline_ms": time.time() * 1000 + 120_000,
-        }
-
-    async def _run(self) -> None:
-        settings = self.kafka.settings()
-        producer = clients.producer(settings, f"{self.origin}-p")
-        consumer = clients.consumer(settings, f"{self.origin}-c", None)
-        await producer.start()
-        await consumer.start()
-        consumer.assign([TopicPartition(self.kafka.prefix + topics.INGRESS_INBOX, 0)])
-        await consumer.seek_to_end()
-        publications = self.kafka.prefix + topics.PUBLICATIONS
-        reader = asyncio.create_task(self._read(consumer))
+    async def produce(self, producer: Any) -> None:
+        publications = self.topic(topics.PUBLICATIONS)
         retained, streams = topics_of(self.partition, "r"), topics_of(self.partition, "s")
-        try:
-            rank = 0
-            while not self.stop.is_set():
-                payload = f"{rank:06d}"
-                now = int(time.time() * 1000)
-                publish = schemas.Publication(
-                    **self._request(),
-                    topic=retained[rank % TOPICS],
-                    payload=codec.b64u(payload.encode()),
-                    ts=now,
-                    retain=True,
+        rank = 0
+        while not self.stop.is_set():
+            payload = f"{rank:06d}"
+            now = int(time.time() * 1000)
+            publish = schemas.Publication(
+                **self.request(),
+                topic=retained[rank % TOPICS],
+                payload=codec.b64u(payload.encode()),
+                ts=now,
+                retain=True,
+            )
+            message = schemas.DsMessage(
+                topic=streams[rank % TOPICS], payload=codec.b64u(payload.encode()), ts=now
+            )
+            store = schemas.DsRequest(**self.request(), op="store", db=DB, messages=(message,))
+            for record, kind, topic in (
+                (publish, "retained", publish.topic),
+                (store, "stream", message.topic),
+            ):
+                await producer.send_and_wait(
+                    publications, schemas.encode(record), partition=self.partition
                 )
-                store = schemas.DsRequest(
-                    **self._request(),
-                    op="store",
-                    db=DB,
-                    messages=(
-                        schemas.DsMessage(
-                            topic=streams[rank % TOPICS],
-                            payload=codec.b64u(payload.encode()),
-                            ts=now,
-                        ),
-                    ),
-                )
-                for record, kind, topic in (
-                    (publish, "retained", publish.topic),
-                    (store, "stream", store.messages[0].topic),
-                ):
-                    await producer.send_and_wait(
-                        publications, schemas.encode(record), partition=self.partition
-                    )
-                    self.sent.append((record.id, kind, topic, payload))
-                rank += 1
-                self.started.set()
-                await asyncio.sleep(self.interval_s)
-            deadline = time.monotonic() + 60
-            while any(i not in self.replies for i, *_ in self.sent):
-                assert time.monotonic() < deadline, "answers missing"
-                await asyncio.sleep(0.05)
-        finally:
-            reader.cancel()
-            await asyncio.gather(reader, return_exceptions=True)
-            await producer.stop()
-            await consumer.stop()
-
-    async def _read(self, consumer: Any) -> None:
-        while True:
-            batches = await consumer.getmany(timeout_ms=200)
-            for records in batches.values():
-                for raw in records:
-                    record = schemas.decode(raw.value)
-                    if isinstance(record, schemas.DsReply) and record.origin == self.origin:
-                        self.replies[record.id] = record
+                self.sent.append((record.id, kind, topic, payload))
+            rank += 1
+            self.started.set()
+            await asyncio.sleep(self.interval_s)
+        await self.answered([i for i, *_ in self.sent])
 
     def finish(self) -> tuple[dict[str, str], dict[str, list[str]]]:
         """Stop, wait for every answer; each retained topic's last payload and each stream

@@ -142,8 +142,16 @@ class Scaler:
             )
             return
         if pool.status.get("failedMove"):
-            # A person deleted the Failed move: the rest of its plan assumed it; plan again.
-            await self._write(pool, {"failedMove": None, "plannedReplicas": None})
+            # A person deleted the Failed move, having put the partitions right (perhaps by
+            # installing a newer generation on the pods, or publishing one for a lost
+            # ordinal): adopt what the pods report if newer, and plan again from there (the
+            # rest of the old plan assumed the failed move).
+            changes: dict[str, Any] = {"failedMove": None, "plannedReplicas": None}
+            generation, owners = await self._reported(pool)
+            if generation > pool.generation:
+                changes.update(generation=generation, assignment=owners)
+                log.info("pool %s adopts generation %d from its pods", pool.name, generation)
+            await self._write(pool, changes)
         if int(pool.status.get("rollbacks") or 0) >= MAX_ROLLBACKS:
             await self._write(
                 pool,
@@ -210,6 +218,21 @@ class Scaler:
         if old:
             log.info("pool %s: %d finished move(s) deleted: %s", pool.name, len(old), old)
             pool.moves = [m for m in pool.moves if m["metadata"]["name"] not in old]
+
+    async def _reported(self, pool: Pool) -> tuple[int, list[int]]:
+        """The newest generation and assignment the pool's pods report (`adopt`; ValueError
+        when they disagree: the tick fails and is tried again)."""
+        size = max(int(pool.status["replicas"]), int(pool.status.get("statefulSetReplicas") or 0))
+        return await adopt(
+            self.kube,
+            self.instances,
+            self.namespace,
+            str(pool.spec["statefulSet"]),
+            size,
+            len(pool.assignment),
+            int(pool.spec.get("port", 8080)),
+            self.config.request_timeout_s,
+        )
 
     async def _plan(self, pool: Pool) -> None:
         """Plan the moves to `spec.replicas` when no move runs and the plan in place is for

@@ -19,6 +19,8 @@ Invariants:
   hand-off's target restarted before its commit would otherwise serve from its prefetched
   copy);
 - installs run one at a time;
+- an instance publishes for another ordinal only what it accepted itself, and only for an
+  ordinal that assignment gives nothing (`publish_for_lost`: a pod lost with its volume);
 - what the instance accepted stays published: checked every `KEEP_INTERVAL_S` and published
   again when missing (a broker that lost its log), since the fence takes an instance with
   nothing published for one that serves nothing.
@@ -158,6 +160,32 @@ class Ownership:
                 )
             self.withheld = []  # told: what it owns is its to serve
             await self._accept(offered)
+            return self.state()
+
+    async def publish_for_lost(self, lost: int) -> dict[str, Any]:
+        """Publish the accepted assignment as ordinal `lost`'s acceptance (its pod and volume
+        are gone for good: it will never publish again), then take up what that unblocks.
+        Refused (`Refused`, nothing published) for this instance's own ordinal, before any
+        assignment is accepted, and while the accepted one still gives `lost` partitions
+        (they would stay unserved: install a generation that moves them first). Should `lost`
+        come back after all, it finds this publication newer than its own record and serves
+        only what it gives it; if it was alive all along, its keeper publishes its own
+        acceptance again, which blocks its partitions here again: the fence holds either way."""
+        async with self._lock:
+            if lost == self.ordinal:
+                raise Refused("NOT_LOST", f"ordinal {lost} is this instance")
+            accepted = self.accepted
+            if accepted is None:
+                raise Refused("NOT_READY", "no assignment accepted yet")
+            if accepted.owned(lost):
+                raise Refused(
+                    "ORDINAL_OWNS",
+                    f"generation {accepted.generation} gives ordinal {lost} partitions "
+                    f"{accepted.owned(lost)}: install a generation that moves them first",
+                )
+            await self.log.publish(lost, accepted)
+            log.warning("ownership_published_for_lost", lost=lost, generation=accepted.generation)
+            await self._accept(accepted)
             return self.state()
 
     async def _accept(self, offered: assignment.Assignment) -> None:

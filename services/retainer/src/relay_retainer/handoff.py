@@ -24,7 +24,8 @@ once what it installed is durable, and importing the same unit again gives the s
 installs and deletes run one at a time, in a worker thread (the stores' calls hold the GIL
 only per batch, so the partitions served are served meanwhile); a unit the retained store
 cannot take (its `max_retained`) is 409 `RETAINED_FULL`; the writers are held only while an
-export settles its copy.
+export rereads what was written during its collection, or while the watch of a partition
+served here is read in a worker thread (the writers' hooks change it).
 """
 
 from __future__ import annotations
@@ -110,12 +111,24 @@ class RetainerHandoff(PartitionHandoff):
         log.info("handoff_settled", partition=partition, held_ms=round(held_ms, 1))
         return exact
 
+    @asynccontextmanager
+    async def _still(self, partition: int) -> AsyncIterator[None]:
+        """While the partition is served, hold the writers (their hooks change its watch,
+        which a worker thread is about to read); else nothing writes it."""
+        if partition not in self.owner.serving:
+            yield
+            return
+        async with self.retained.held(), self.streams.held():
+            yield
+
     async def summary(self, partition: int) -> dict[str, Any]:
         watch = self.watches.get(partition)
         if watch is None or not watch.ready:
             return ps.summary(await self._collect(partition))
-        digests = await asyncio.to_thread(watch.refresh, *self._stores())
-        return digests.summary(partition, self.partitions, await self._mark(partition))
+        async with self._still(partition):
+            digests = await asyncio.to_thread(watch.refresh, *self._stores())
+            found = digests.summary(partition, self.partitions, "")
+        return {**found, "mark": await self._mark(partition)}
 
     async def _mark(self, partition: int) -> str:
         return await asyncio.to_thread(ps.mark, *self._stores(), partition, self.bus.epoch or "")
@@ -134,7 +147,8 @@ class RetainerHandoff(PartitionHandoff):
             watch = self.watches.get(partition)
             if since and watch is not None and watch.token == since and watch.ready:
                 mark = await self._mark(partition)
-                changes = await asyncio.to_thread(watch.changes, *self._stores(), mark)
+                async with self._still(partition):
+                    changes = await asyncio.to_thread(watch.changes, *self._stores(), mark)
                 return JSONResponse({**pw.to_json(changes), "serving": serving})
             state = await self._watched(partition)
             watch = self.watches.get(partition)
