@@ -71,7 +71,10 @@ async def fill(kafka: helpers.Kafka, queues: int) -> tuple[float, dict[int, int]
     consumer = clients.consumer(settings, f"{origin}-c", None)
     await producer.start()
     await consumer.start()
-    consumer.assign([TopicPartition(kafka.prefix + topics.INGRESS_INBOX, 0)])
+    inbox = TopicPartition(kafka.prefix + topics.INGRESS_INBOX, 0)
+    consumer.assign([inbox])
+    await consumer.seek_to_end(inbox)
+    await consumer.position(inbox)  # resolved before the first command: no reply is missed
     commands = kafka.prefix + topics.QUEUE_COMMANDS
     key = ids.b64u(
         Ed25519PrivateKey.generate().public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)

@@ -128,6 +128,8 @@ async def fill(kafka: helpers.Kafka, count: int) -> tuple[float, dict[int, int]]
     await filler.producer.start()
     await filler.consumer.start()
     filler.consumer.assign([filler.inbox])
+    await filler.consumer.seek_to_end(filler.inbox)
+    await filler.consumer.position(filler.inbox)  # resolved before the first write
     reader = asyncio.create_task(filler.read())
     per_partition = dict.fromkeys(range(handoff_calls.PARTITIONS), 0)
     started = time.monotonic()
