@@ -16,6 +16,7 @@ import base64
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,8 @@ from tests import helpers
 from tests.operator import kube
 from tests.operator.conftest import NAMESPACE, Operator, wait_for
 from tests.operator.statefulsets import StatefulSetStandIn
-from tests.runtime.test_queue_writer_handoff import AUTH, PARTITIONS, TOKEN, Load, bodies
+from tests.runtime.handoff_calls import AUTH, PARTITIONS, TOKEN
+from tests.runtime.test_queue_writer_handoff import Load, bodies
 
 STS = "r1-relay-queue-writer"
 POOL_PATH = f"/apis/relay.dev/v1alpha1/namespaces/{NAMESPACE}/relaypools/queue-writer"
@@ -73,15 +75,20 @@ class Owners:
                 time.sleep(0.05)
 
 
-@pytest.fixture
-def pods(api: kube.Served, kafka: helpers.Kafka, tmp_path: Path) -> Iterator[StatefulSetStandIn]:
-    def env(ordinal: int) -> dict[str, str]:
+@contextmanager
+def stood_in(
+    api: kube.Served, kafka: helpers.Kafka, root: Path, service: str, sts: str, **env: str
+) -> Iterator[StatefulSetStandIn]:
+    """A StatefulSet `sts` of one `relay-<service>` on the test API server, and the stand-in
+    running its pods (`env`: added to each pod's settings)."""
+
+    def pod_env(ordinal: int) -> dict[str, str]:
         return {
             **kafka.env(),
             "RELAY_KAFKA__PARTITIONS": str(PARTITIONS),
             "RELAY_ADMIN_TOKEN": TOKEN,
             "RELAY_DATA__REPLICAS": "1",
-            "RELAY_DUMP_INTERVAL_S": "0",
+            **env,
         }
 
     api.create(
@@ -89,19 +96,27 @@ def pods(api: kube.Served, kafka: helpers.Kafka, tmp_path: Path) -> Iterator[Sta
             "apiVersion": "apps/v1",
             "kind": "StatefulSet",
             "metadata": {
-                "name": STS,
+                "name": sts,
                 "namespace": NAMESPACE,
                 "labels": {"app.kubernetes.io/name": "relay"},
             },
             "spec": {
                 "replicas": 1,
-                "selector": {"matchLabels": {"app.kubernetes.io/component": "queue-writer"}},
+                "selector": {"matchLabels": {"app.kubernetes.io/component": service}},
             },
         }
     )
-    with StatefulSetStandIn(api, NAMESPACE, STS, tmp_path / "pods", env) as standin:
+    with StatefulSetStandIn(api, NAMESPACE, sts, root, pod_env, f"relay-{service}") as standin:
         yield standin
     assert standin.error is None, repr(standin.error)
+
+
+@pytest.fixture
+def pods(api: kube.Served, kafka: helpers.Kafka, tmp_path: Path) -> Iterator[StatefulSetStandIn]:
+    with stood_in(
+        api, kafka, tmp_path / "pods", "queue-writer", STS, RELAY_DUMP_INTERVAL_S="0"
+    ) as standin:
+        yield standin
 
 
 def install(

@@ -33,9 +33,9 @@ from tests.operator.test_scale import (
     pool_status,
     released,
     status_of,
+    stood_in,
     wait_at_size,
 )
-from tests.runtime.handoff_calls import PARTITIONS, TOKEN
 from tests.runtime.test_retainer_handoff import Load, held
 
 STS = "r1-relay-retainer"
@@ -45,32 +45,8 @@ POOL_PATH = f"/apis/relay.dev/v1alpha1/namespaces/{NAMESPACE}/relaypools/{POOL}"
 
 @pytest.fixture
 def pods(api: kube.Served, kafka: helpers.Kafka, tmp_path: Path) -> Iterator[StatefulSetStandIn]:
-    def env(ordinal: int) -> dict[str, str]:
-        return {
-            **kafka.env(),
-            "RELAY_KAFKA__PARTITIONS": str(PARTITIONS),
-            "RELAY_ADMIN_TOKEN": TOKEN,
-            "RELAY_DATA__REPLICAS": "1",
-        }
-
-    api.create(
-        {
-            "apiVersion": "apps/v1",
-            "kind": "StatefulSet",
-            "metadata": {
-                "name": STS,
-                "namespace": NAMESPACE,
-                "labels": {"app.kubernetes.io/name": "relay"},
-            },
-            "spec": {
-                "replicas": 1,
-                "selector": {"matchLabels": {"app.kubernetes.io/component": POOL}},
-            },
-        }
-    )
-    with StatefulSetStandIn(api, NAMESPACE, STS, tmp_path / "pods", env, "relay-retainer") as s:
-        yield s
-    assert s.error is None, repr(s.error)
+    with stood_in(api, kafka, tmp_path / "pods", POOL, STS) as standin:
+        yield standin
 
 
 def test_a_retainer_pool_scales_one_two_one_under_load_losing_nothing(

@@ -1,21 +1,53 @@
 """The operator's part of a partition hand-off, played by a test against real service
-processes (queue-writers or retainers: the routes of `relay_bus.handoff_routes`): the calls,
-and `move` (prefetch, pause, catch-up, then commit and release, or a rollback)."""
+processes (queue-writers or retainers: the routes of `relay_bus.handoff_routes`): the pool
+(`one_then_two`), the calls, and `move` (prefetch, pause, catch-up, then commit and release,
+or a rollback)."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
+
+from tests import helpers
 
 TOKEN = "handoff-token"
 AUTH = {"authorization": f"Bearer {TOKEN}"}
 PARTITIONS = 4
 CALL_TIMEOUT_S = 30.0
 """Of each hand-off call (`bench/handoff_bench.py` raises it for its large partitions)."""
+
+
+@contextmanager
+def one_then_two(script: str, kafka: helpers.Kafka, root: Path) -> Iterator[tuple[str, str]]:
+    """A pool of one instance of `script` (generation 1: every partition on ordinal 0) and a
+    second one, started after it, owning nothing: the state before a scale from 1 to 2. Their
+    data dirs are `root/d<k>`, their logs `root/<service>-<k>.log`."""
+    service = script.removeprefix("relay-")
+    with ExitStack() as stack:
+        a, b = (
+            stack.enter_context(
+                helpers.running_service(
+                    script,
+                    60,
+                    log=root / f"{service}-{k}.log",
+                    **kafka.env(),
+                    RELAY_KAFKA__PARTITIONS=str(PARTITIONS),
+                    RELAY_ADMIN_TOKEN=TOKEN,
+                    RELAY_DATA__DIR=str(root / f"d{k}"),
+                    RELAY_DATA__ORDINAL=str(k),
+                    RELAY_DATA__REPLICAS="1",
+                    RELAY_INSTANCE=f"{service}-{k}",
+                )
+            )
+            for k in (0, 1)
+        )
+        yield a, b
 
 
 def call(method: str, url: str, body: Any = None) -> httpx.Response:

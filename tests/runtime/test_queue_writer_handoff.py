@@ -17,8 +17,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,10 +30,10 @@ from relay_bus import schemas, topics
 from relay_queues import ids
 from relay_queues import partition_state as ps
 from tests import helpers
+from tests.runtime import handoff_calls
 from tests.runtime.handoff_calls import (
     AUTH,
     PARTITIONS,
-    TOKEN,
     call,
     digest,
     export,
@@ -51,35 +50,9 @@ LOAD_QUEUES = 4
 PER_QUEUE = 120
 
 
-def _env(kafka: helpers.Kafka, data_dir: Path, ordinal: int) -> dict[str, str]:
-    return {
-        **kafka.env(),
-        "RELAY_KAFKA__PARTITIONS": str(PARTITIONS),
-        "RELAY_ADMIN_TOKEN": TOKEN,
-        "RELAY_DATA__DIR": str(data_dir),
-        "RELAY_DATA__ORDINAL": str(ordinal),
-        "RELAY_DATA__REPLICAS": "1",
-    }
-
-
-@contextmanager
-def one_then_two(kafka: helpers.Kafka, root: Path) -> Iterator[tuple[str, str]]:
-    """A pool of one queue-writer (generation 1: every partition on ordinal 0) and a second
-    one, started after it, owning nothing: the state before a scale from 1 to 2. Their logs
-    are `root/queue-writer-<k>.log`."""
-    with ExitStack() as stack:
-        a, b = (
-            stack.enter_context(
-                helpers.running_service(
-                    "relay-queue-writer",
-                    60,
-                    log=root / f"queue-writer-{k}.log",
-                    **_env(kafka, root / f"d{k}", k),
-                )
-            )
-            for k in (0, 1)
-        )
-        yield a, b
+def one_then_two(kafka: helpers.Kafka, root: Path) -> AbstractContextManager[tuple[str, str]]:
+    """`handoff_calls.one_then_two` of relay-queue-writers."""
+    return handoff_calls.one_then_two("relay-queue-writer", kafka, root)
 
 
 @dataclass

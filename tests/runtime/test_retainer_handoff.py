@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,10 +22,10 @@ from relay_durable import codec
 from relay_streams import partition_state as ps
 from relay_streams.retained import Retained
 from tests import helpers
+from tests.runtime import handoff_calls
 from tests.runtime.handoff_calls import (
     AUTH,
     PARTITIONS,
-    TOKEN,
     call,
     digest,
     export,
@@ -44,34 +44,9 @@ TOPICS = 6
 INTERVAL_S = 0.02
 
 
-def _env(kafka: helpers.Kafka, data_dir: Path, ordinal: int) -> dict[str, str]:
-    return {
-        **kafka.env(),
-        "RELAY_KAFKA__PARTITIONS": str(PARTITIONS),
-        "RELAY_ADMIN_TOKEN": TOKEN,
-        "RELAY_DATA__DIR": str(data_dir),
-        "RELAY_DATA__ORDINAL": str(ordinal),
-        "RELAY_DATA__REPLICAS": "1",
-        "RELAY_INSTANCE": f"retainer-{ordinal}",
-    }
-
-
-@contextmanager
-def one_then_two(kafka: helpers.Kafka, root: Path) -> Iterator[tuple[str, str]]:
-    """Retainer 0 serving every partition (generation 1) and retainer 1, owning nothing."""
-    with ExitStack() as stack:
-        a, b = (
-            stack.enter_context(
-                helpers.running_service(
-                    "relay-retainer",
-                    60,
-                    log=root / f"retainer-{k}.log",
-                    **_env(kafka, root / f"d{k}", k),
-                )
-            )
-            for k in (0, 1)
-        )
-        yield a, b
+def one_then_two(kafka: helpers.Kafka, root: Path) -> AbstractContextManager[tuple[str, str]]:
+    """`handoff_calls.one_then_two` of relay-retainers."""
+    return handoff_calls.one_then_two("relay-retainer", kafka, root)
 
 
 def topics_of(partition: int, prefix: str) -> list[str]:

@@ -175,31 +175,36 @@ class Watch:
         """The digests, with the retained topics written since read again (a write tells
         the topic only), and the stream topics appended to out of ts order read again whole;
         `ValueError` before `follow`."""
+        return self._refreshed(retained, streams)[0]
+
+    def _refreshed(
+        self, retained: RetainedStore, streams: StreamStore
+    ) -> tuple[Digests, dict[str, Retained | None]]:
+        """`refresh`, and the retained topics written since as they are now."""
         if self.digests is None:
             raise ValueError("the watch has not settled")
         for db, topic in self.unordered:
             self.digests.restart(db, topic, streams.open_db(db).topic_tail(topic, 0))
         self.unordered.clear()
-        for topic in self.touched:
-            now = retained.read(topic, now=0)
+        found = {topic: retained.read(topic, now=0) for topic in sorted(self.touched)}
+        for topic, now in found.items():
             if now is None:
                 self.digests.retained.pop(topic, None)
             else:
                 self.digests.retained[topic] = partition_state.retained_digest(now)
-        return self.digests
+        return self.digests, found
 
     def changes(self, retained: RetainedStore, streams: StreamStore, mark: str) -> Changes:
         """What changed since this watch settled; `ValueError` if it cannot say (stale)."""
         if not self.ready:
             raise ValueError("the watch is stale or has not settled")
-        digest = self.refresh(retained, streams).whole(self.partition, self.partitions)
-        found = {topic: retained.read(topic, now=0) for topic in sorted(self.touched)}
+        digests, found = self._refreshed(retained, streams)
         return Changes(
             self.partition,
             self.partitions,
             self.token,
             mark,
-            digest,
+            digests.whole(self.partition, self.partitions),
             tuple(m for m in found.values() if m is not None),
             tuple(topic for topic, m in found.items() if m is None),
             tuple(self.appended),

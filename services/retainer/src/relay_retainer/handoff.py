@@ -125,10 +125,10 @@ class RetainerHandoff(PartitionHandoff):
         watch = self.watches.get(partition)
         if watch is None or not watch.ready:
             return ps.summary(await self._collect(partition))
+        mark = await self._mark(partition)
         async with self._still(partition):
             digests = await asyncio.to_thread(watch.refresh, *self._stores())
-            found = digests.summary(partition, self.partitions, "")
-        return {**found, "mark": await self._mark(partition)}
+            return digests.summary(partition, self.partitions, mark)
 
     async def _mark(self, partition: int) -> str:
         return await asyncio.to_thread(ps.mark, *self._stores(), partition, self.bus.epoch or "")
