@@ -5,6 +5,7 @@ Invariants:
   but what the rules say it changes (the first refused send appends the quota marker);
 - every outcome names what must be durable before it is answered (`lsn` in the journal, `seq`
   in the store log), and carries the event delivery must see, with the queue's current head;
+  a SEND that leaves the head as it was carries none (delivery would do nothing with it);
 - recipient commands are refused with the same AUTH whether the queue is unknown or the
   signature is wrong (`relay_queues.auth.verify`);
 - a SEND is stored once per identity (`relay_queues.idempotency`: its `Idempotency-Key`, else
@@ -152,16 +153,15 @@ class QueueRules:
         if record.status == "suspended":
             return refused(403, "FORBIDDEN", "queue suspended")
         ttl_ms = (ttl_s if ttl_s is not None else self.default_ttl_s) * 1000
+        before = self.journal.peek(queue)  # the head delivery was told of (expired or not)
         try:
-            lsn = ids.Lsn(
-                self.journal.write(
-                    queue,
-                    ids.id_bytes(msg_id),
-                    body,
-                    ts_ms=now_ms,
-                    expires_ms=now_ms + ttl_ms,
-                    key=send_key,
-                )
+            self.journal.write(
+                queue,
+                ids.id_bytes(msg_id),
+                body,
+                ts_ms=now_ms,
+                expires_ms=now_ms + ttl_ms,
+                key=send_key,
             )
         except journal_errors.QuotaExceeded:
             # The first refusal appended the marker: it must be durable, and delivery told.
@@ -171,8 +171,12 @@ class QueueRules:
             )
         except journal_errors.QueueSuspended:
             return refused(403, "FORBIDDEN", "queue suspended")
-        event = self._event("changed", queue, now_ms)
-        return QueueOutcome(201, {"msg_id": msg_id, "ts": now_ms}, lsn=lsn, events=[event])
+        after = self.journal.peek(queue, now_ms=now_ms)  # drops expired heads (logged)
+        lsn = self._lsn()  # covers the write and the expiries the peek logged
+        stays = before is not None and after is not None and after.msg_id == before.msg_id
+        # Behind a head that stays, delivery has nothing to do (decision 0013).
+        events = [] if stays else [Event("changed", queue, lsn, head_of(after))]
+        return QueueOutcome(201, {"msg_id": msg_id, "ts": now_ms}, lsn=lsn, events=events)
 
     def info(self, queue: ids.QueueId, signed: Signed) -> QueueOutcome:
         record = self._recipient(queue, signed)
