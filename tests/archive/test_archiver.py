@@ -18,8 +18,11 @@ import httpx
 import pytest
 
 from relay_archive import layout, reader, writer
+from relay_archive.selection import ARCHIVED
 from relay_archive.store import ArchiveStore, LocalStore
+from relay_archiver.app import build
 from relay_archiver.archiving import Archiver, Timing
+from relay_archiver.settings import ArchiverSettings
 from relay_bus import clients, schemas, topics
 from relay_bus.bus import Bus
 from relay_bus.config import KafkaSettings
@@ -322,3 +325,12 @@ async def test_a_wiped_broker_log_is_archived_under_a_new_epoch(
             new = reader.scan(store, bus.epoch, topics.QUEUE_COMMANDS)
             assert sorted(new.table["id"].to_pylist()) == sorted(f"c{n}" for n in range(100, 120))
         _check_complete(store, first_epoch, 30)
+
+
+def test_the_archiver_reads_kafka_in_batches_of_its_setting(tmp_path: Path) -> None:
+    """No request waits for the archiver: each of its consumers asks Kafka for
+    `RELAY_ARCHIVE__FETCH_MIN_BYTES` per fetch (`test_bus` shows what that does)."""
+    config = ArchiverSettings(data={"dir": tmp_path}, archive={"fetch_min_bytes": 4096})
+    _, lifecycle = build(config)
+    assert [c.fetch_min_bytes for c in lifecycle.bus.consumers] == [4096] * len(ARCHIVED)
+    assert ArchiverSettings().archive.fetch_min_bytes == 256 * 1024

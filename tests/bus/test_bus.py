@@ -4,6 +4,7 @@ broker's log is wiped under it."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
@@ -412,3 +413,49 @@ async def test_a_failed_check_marks_kafka_unready_and_never_ends_the_keeper(
         assert asyncio.get_running_loop().time() < deadline
     assert readiness.ready
     await bus.stop()
+
+
+async def test_a_batched_consumer_wakes_once_per_batch_and_misses_nothing(kafka: Kafka) -> None:
+    """`fetch_min_bytes` (the archiver's): the broker holds each fetch until that much is
+    written or `fetch_max_wait_ms` passes, so records written one by one reach the handler in
+    a few batches, all of them and in order; a consumer on the request path (1 byte) gets each
+    as it comes."""
+    arrivals: dict[str, list[tuple[float, str]]] = {"batched": [], "eager": []}
+
+    def handler(name: str) -> Callable[[Received], Awaitable[None]]:
+        async def handle(received: Received) -> None:
+            assert isinstance(received.record, schemas.Ping)
+            arrivals[name].append((asyncio.get_running_loop().time(), received.record.id))
+
+        return handle
+
+    settings = _settings(kafka, fetch_max_wait_ms=400)
+    bus = Bus(settings, client_id="batches", readiness=Readiness())
+    bus.consumer(
+        topics.QUEUE_COMMANDS,
+        handler("batched"),
+        group_id="batched",
+        partitions=[2],
+        fetch_min_bytes=1024 * 1024,
+    )
+    bus.consumer(topics.QUEUE_COMMANDS, handler("eager"), group_id="eager", partitions=[2])
+    await bus.start(5)
+    try:
+        for n in range(60):
+            await bus.send(topics.QUEUE_COMMANDS, _ping(n), partition=2)
+            await asyncio.sleep(0.025)
+        await _eventually(
+            lambda: all(len(a) == 60 for a in arrivals.values()), 10, lambda: arrivals
+        )
+    finally:
+        await bus.stop()
+
+    def wakes(times: list[float]) -> int:
+        return 1 + sum(1 for a, b in itertools.pairwise(times) if b - a > 0.015)
+
+    for name, got in arrivals.items():
+        assert [i for _, i in got] == [f"p{n}" for n in range(60)], name
+    batched = wakes([t for t, _ in arrivals["batched"]])
+    eager = wakes([t for t, _ in arrivals["eager"]])
+    assert batched <= 8, arrivals["batched"]
+    assert eager >= 20, arrivals["eager"]

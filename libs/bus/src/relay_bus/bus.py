@@ -91,6 +91,7 @@ class Bus:
         on_revoked: Revoked | None = None,
         member: str | None = None,
         on_unreadable: UnreadableHandler | None = None,
+        fetch_min_bytes: int = 1,
     ) -> Consumer:
         """Register a consumer, started with the bus; see `Consumer` for the two modes and
         `Consumer.member` for static group membership."""
@@ -106,6 +107,7 @@ class Bus:
             on_revoked=on_revoked,
             member=member,
             on_unreadable=on_unreadable,
+            fetch_min_bytes=fetch_min_bytes,
         )
         self.readiness.register(consumer.name)
         consumer.on_assigned = functools.partial(self.readiness.set, consumer.name)

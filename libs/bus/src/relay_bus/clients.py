@@ -96,7 +96,11 @@ def producer(settings: KafkaSettings, client_id: str) -> AIOKafkaProducer:
 
 
 def consumer(
-    settings: KafkaSettings, client_id: str, group_id: str | None, member: str | None = None
+    settings: KafkaSettings,
+    client_id: str,
+    group_id: str | None,
+    member: str | None = None,
+    fetch_min_bytes: int = 1,
 ) -> AIOKafkaConsumer:
     # Offsets are committed by hand after the handler has run (at-least-once); a partition
     # without a committed offset starts at the beginning: "latest" would skip records written
@@ -111,4 +115,5 @@ def consumer(
         heartbeat_interval_ms=settings.heartbeat_interval_ms,
         max_poll_records=500,
         fetch_max_wait_ms=settings.fetch_max_wait_ms,
+        fetch_min_bytes=fetch_min_bytes,
     )

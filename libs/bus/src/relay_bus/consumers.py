@@ -137,6 +137,7 @@ class Consumer:
         on_revoked: Revoked | None = None,
         member: str | None = None,
         on_unreadable: UnreadableHandler | None = None,
+        fetch_min_bytes: int = 1,
     ) -> None:
         if partitions is None and group_id is None:
             raise ValueError("a group consumer needs a group_id")
@@ -153,6 +154,10 @@ class Consumer:
         self.on_revoked = on_revoked
         self.on_unreadable = on_unreadable
         """Given each record the handler never sees because it cannot be decoded."""
+        self.fetch_min_bytes = fetch_min_bytes
+        """The least a fetch returns unless `fetch_max_wait_ms` passes first: 1 on every
+        request's path; more for a reader no request waits for (the archiver), which then
+        wakes once per batch, not once per record."""
         self.member = member
         """A static group member's name (`group.instance.id`, KIP-345): a member that restarts
         under the same name within the session timeout gets its partitions back without a
@@ -213,7 +218,9 @@ class Consumer:
         self._task = asyncio.create_task(self._run(), name=self.name)
 
     async def _open(self) -> None:
-        consumer = clients.consumer(self.settings, self.client_id, self.group_id, self.member)
+        consumer = clients.consumer(
+            self.settings, self.client_id, self.group_id, self.member, self.fetch_min_bytes
+        )
         await consumer.start()
         self._consumer = consumer
         if self.partitions is None:

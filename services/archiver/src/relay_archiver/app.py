@@ -39,6 +39,7 @@ def build(config: ArchiverSettings) -> tuple[FastAPI, BusLifecycle]:
             start_offsets=archiver.start_offsets(topic),
             on_revoked=archiver.revoked(topic),
             on_unreadable=archiver.unreadable(topic),
+            fetch_min_bytes=config.archive.fetch_min_bytes,
         )
     app = FastAPI(title="Relay archiver", routes=probe_routes(readiness))
     lifecycle = BusLifecycle(

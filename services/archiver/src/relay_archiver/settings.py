@@ -20,6 +20,10 @@ class ArchiveSettings(BaseModel):
     """A partition's file is written once its records reach this many bytes (uncompressed)."""
     roll_age_s: float = Field(60.0, gt=0)
     """… or once its oldest record was read this many seconds ago."""
+    fetch_min_bytes: int = Field(256 * 1024, ge=1, le=64 * 1024 * 1024)
+    """The least each fetch from Kafka returns, unless `RELAY_KAFKA__FETCH_MAX_WAIT_MS` passes
+    first: no request waits for the archiver, so it reads in batches (fewer fetches for it and
+    the broker, decision 0013); 1 reads each record as soon as it is written."""
     lag_interval_s: float = Field(5.0, gt=0)
     """How often lag (`relay_archiver_lag_records`) is measured against Kafka."""
 
