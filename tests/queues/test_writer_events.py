@@ -55,16 +55,16 @@ class WriterToDelivery(RuleBasedStateMachine):
         root = Path(self.dir.name)
         self.journal = QueueJournal(JournalSettings(root=root / "j", max_queue_messages=3))
         self.store = StoreLog(StoreLogSettings(root=root / "s"))
-        self.rules = QueueRules(self.journal, self.store)
+        self.writer = QueueRules(self.journal, self.store)
         self.deliveries = Deliveries()
         self.now = NOW
-        self.r: Recipient = _created(self.rules)
+        self.r: Recipient = _created(self.writer)
         self.pushed: list[str] = []
         """msg_ids pushed to the subscriber, in order."""
         self.acked: set[str] = set()
         self.expires: dict[str, int] = {}
         """msg_id → when it expires."""
-        sub = self.rules.subscribe(
+        sub = self.writer.subscribe(
             self.r.queue, self.r.signed(auth.sub_text(self.r.queue, 1)), SUBSCRIBER, self.now
         )
         self._feed(sub)
@@ -90,7 +90,7 @@ class WriterToDelivery(RuleBasedStateMachine):
     @rule(ttl_s=st.sampled_from([None, 1, 3]))
     def send(self, ttl_s: int | None) -> None:
         msg_id = ids.new_id()
-        outcome = self.rules.send(self.r.sender, msg_id, b"m", ttl_s, self.now)
+        outcome = self.writer.send(self.r.sender, msg_id, b"m", ttl_s, self.now)
         assert outcome.status in (201, 429)
         self.expires[msg_id] = self.now + (ttl_s or 3600) * 1000
         self._feed(outcome)
@@ -100,7 +100,7 @@ class WriterToDelivery(RuleBasedStateMachine):
         if not self.pushed or self.pushed[-1] in self.acked:
             return
         msg_id = self.pushed[-1]
-        outcome = self.rules.ack(self.r.queue, msg_id, self.r.signed(), self.now)
+        outcome = self.writer.ack(self.r.queue, msg_id, self.r.signed(), self.now)
         self.acked.add(msg_id)
         if outcome.status == 404:  # a sweep dropped it once expired: the ACK is refused
             assert self.expires.get(msg_id, self.now + 1) <= self.now, outcome
@@ -112,7 +112,7 @@ class WriterToDelivery(RuleBasedStateMachine):
     def time_passes(self, ms: int, sweep: bool) -> None:
         self.now += ms
         if sweep:
-            for event in self.rules.expire(self.now):
+            for event in self.writer.expire(self.now):
                 self._tell(event)
 
     @invariant()

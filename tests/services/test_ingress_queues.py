@@ -407,12 +407,43 @@ def _held(frame: dict[str, Any]) -> dict[str, Any]:
 
 
 async def _ack_and_next(ws: WsClient, ack: dict[str, Any]) -> dict[str, Any]:
-    """Send an ACK; its `ok` and the next MSG (in either order: they travel different ways)."""
+    """Send an ACK; its `ok`, then the next MSG (API.md)."""
     await ws.send(ack)
-    frames = [await ws.receive(), await ws.receive()]
-    assert {"id": ack["id"], "ok": True} in frames, frames
-    [msg] = [f for f in frames if f.get("type") == "MSG"]
+    ok, msg = await ws.receive(), await ws.receive()
+    assert ok == {"id": ack["id"], "ok": True}, (ok, msg)
+    assert msg["type"] == "MSG", msg
     return msg
+
+
+async def test_an_acks_ok_comes_before_the_next_msg_that_overtook_it(
+    tmp_path: Path, redis_url: str
+) -> None:
+    """The ACK's reply and delivery's push of the next message reach the inbox in one fetch:
+    the push is handled first (the reply only wakes the ACK's task), yet the client gets the
+    `ok` first; an ACK the queue-writer refuses holds nothing after its error."""
+    recipient = Recipient()
+    async with Relay(tmp_path, redis_url) as relay:
+        queue, sender = await _queue(relay, recipient)
+        first, second = await _send(relay, sender, b"one"), await _send(relay, sender, b"two")
+        async with WsClient(relay.app) as ws:
+            assert await ws.ask(_sub(recipient, queue, "s1")) == {"id": "s1", "ok": True}
+            assert (await ws.receive())["msg_id"] == first
+            relay.bus.hold(topics.INGRESS_INBOX)
+            before = len(relay.bus.on(topics.INGRESS_INBOX))
+            await ws.send(_ack(recipient, queue, first, 2))
+            while len(relay.bus.on(topics.INGRESS_INBOX)) < before + 2:  # the reply, the push
+                await asyncio.sleep(0.01)
+            kinds = [r.kind for r, _ in relay.bus.on(topics.INGRESS_INBOX)[before:]]
+            assert kinds == ["queue_reply", "deliver"]
+            relay.bus.release(topics.INGRESS_INBOX)
+            assert await ws.receive() == {"id": 2, "ok": True}
+            msg = await ws.receive()
+            assert (msg["type"], msg["msg_id"]) == ("MSG", second)
+            refused = await ws.ask(_ack(recipient, queue, first, 3))
+            assert (refused["ok"], refused["error"]) == (False, "NO_MSG")
+            third = await _send(relay, sender, b"three")
+            msg = await _ack_and_next(ws, _ack(recipient, queue, second, 4))
+            assert msg["msg_id"] == third
 
 
 def _ack_ts(ack: schemas.AckMessage) -> int:

@@ -14,7 +14,10 @@ Invariants (BRIEF §4, Delivery):
   to the queue is ignored (records may be reordered by a producer retry); a new writer of a
   partition counts in its own journal, so its start restarts that order (`new_writer`) and
   keeps the rest (who is subscribed, which head is handed out);
-- only queues with a subscriber or a handed-out head are kept in memory.
+- only queues with a subscriber are kept in memory: without one, which head is out matters to
+  nobody (a new subscriber gets the head whoever has it), so the queue-writer need not tell
+  delivery that an ACK emptied a queue (decision 0013); the next head it reports differs from
+  the one handed out.
 
 Pure logic: the delivery service feeds it the queue-writer's events and sends what it returns.
 """
@@ -123,7 +126,7 @@ class Deliveries:
         if state.subscriber is not None and state.handed is None and head is not None:
             state.handed = head.msg_id
             pushes.append(Push(state.subscriber, Frame.MSG, queue, head))
-        if state.subscriber is None and state.handed is None:
+        if state.subscriber is None:
             del self._queues[queue]
         return pushes
 
@@ -193,9 +196,7 @@ class Deliveries:
         it only ends the subscription it names)."""
         state = self._queues.get(queue)
         if state is not None and state.subscriber == subscriber:
-            state.subscriber = None
-            if state.handed is None:
-                del self._queues[queue]
+            del self._queues[queue]
 
     def new_writer(self, which: Callable[[str], bool]) -> None:
         """A queue-writer started on the queues `which` selects: their events' lsns are its

@@ -5,7 +5,8 @@ Invariants:
   but what the rules say it changes (the first refused send appends the quota marker);
 - every outcome names what must be durable before it is answered (`lsn` in the journal, `seq`
   in the store log), and carries the event delivery must see, with the queue's current head;
-  a SEND that leaves the head as it was carries none (delivery would do nothing with it);
+  a SEND that leaves the head as it was, and an ACK that empties the queue, carry none
+  (delivery would do nothing with them: `relay_queues.delivery`);
 - recipient commands are refused with the same AUTH whether the queue is unknown or the
   signature is wrong (`relay_queues.auth.verify`);
 - a SEND is stored once per identity (`relay_queues.idempotency`: its `Idempotency-Key`, else
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import hmac
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from relay_durable.outcome import Outcome
 from relay_journal import errors as journal_errors
@@ -212,7 +213,9 @@ class QueueRules:
         ):
             return refused(404, "NO_MSG", "msg_id is not the message in flight")
         self.journal.ack(queue, current.msg_id)
-        return _message_outcome(self._event("changed", queue, now_ms))
+        outcome = _message_outcome(self._event("changed", queue, now_ms))
+        # Emptied: delivery learns it from the next head, which differs (decision 0013).
+        return outcome if outcome.data is not None else replace(outcome, events=[])
 
     def suspend(self, queue: ids.QueueId, signed: Signed, now_ms: int) -> QueueOutcome:
         record = self._recipient(queue, signed)

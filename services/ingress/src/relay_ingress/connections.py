@@ -68,6 +68,9 @@ class Subscription:
     """The SUB's `ok` has been sent; before that, frames wait in `waiting`."""
     waiting: list[dict[str, Any]] = field(default_factory=list)
     last_acked: str | None = None
+    acks: int = 0
+    """ACKs of this queue in flight: frames wait in `waiting` meanwhile, so the next MSG comes
+    after the ACK's `ok` (API.md), although the two travel different ways."""
     since: int = 0
     """The SUB's order at the queue-writer, as the registry holds it."""
 
@@ -296,10 +299,26 @@ class Connections:
             )
             self.bus.post(topics.QUEUE_EVENTS, event, partition=partition)
 
+    def acking(self, conn: Connection, queue: str) -> Subscription | None:
+        """Before an ACK command: hold the queue's frames until `answered` (None: `conn` is
+        not subscribed to `queue`, nothing to hold)."""
+        subscription = conn.subscriptions.get(queue)
+        if subscription is not None:
+            subscription.acks += 1
+        return subscription
+
     def acked(self, conn: Connection, queue: str, msg_id: str) -> None:
         subscription = conn.subscriptions.get(queue)
         if subscription is not None:
             subscription.last_acked = msg_id
+
+    def answered(self, conn: Connection, held: Subscription) -> None:
+        """The ACK `acking` held frames for has queued its reply: send what waited."""
+        held.acks -= 1
+        if held.ready and not held.acks:
+            for frame in held.waiting:
+                conn.queue_frame(frame)
+            held.waiting.clear()
 
     async def register_all(self) -> None:
         """Write every live subscription to Redis again (after Redis lost them)."""
@@ -403,7 +422,7 @@ class Connections:
             if head is None or delivery.acked_already(head, subscription.last_acked):
                 return
             frame = {"type": "MSG", "queue": record.queue, **head.frame()}
-        if subscription.ready or record.frame == "END":
+        if (subscription.ready and not subscription.acks) or record.frame == "END":
             conn.queue_frame(frame)
         else:
             subscription.waiting.append(frame)

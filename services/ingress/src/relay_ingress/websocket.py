@@ -17,6 +17,8 @@ Invariants:
   reconnecting. A bound frame before HELLO is BAD_REQUEST (a frame this connection cannot take,
   not a signature judged wrong: AUTH would send the client looking at its key);
 - commands of one connection run concurrently (up to a bound), replies carry their ids;
+- a SUB's `ok` comes before the queue's first MSG, an ACK's reply before the queue's next MSG
+  (API.md), although the reply and the MSG reach this instance by different ways;
 - after a SUBSCRIBE's `ok`, every retained message matching its filter is pushed (in topic
   order, one page at a time as the client reads) before any live publication it matches; if
   the retained read fails midway, an `ERROR` frame naming the filter says so and live
@@ -168,16 +170,21 @@ class Session:
         if isinstance(command, Subscribe | Unsubscribe | PublishCmd):
             await self._topic_command(command)
             return
+        held = self.connections.acking(self.conn, command.queue) if command.cmd == "ACK" else None
         try:
-            reply = await self._command(command)
-        except (ApiError, BusUnavailableError) as error:
-            reply = _error(command.id, *_refusal(error))
-        except RedisError:
-            reply = _error(command.id, "UNAVAILABLE", "routing state unavailable; retry")
-        if isinstance(command, Sub) and reply.get("ok"):
-            self.connections.subscribed(self.conn, command.queue, reply)
-        else:
-            self.conn.queue_frame(reply)
+            try:
+                reply = await self._command(command)
+            except (ApiError, BusUnavailableError) as error:
+                reply = _error(command.id, *_refusal(error))
+            except RedisError:
+                reply = _error(command.id, "UNAVAILABLE", "routing state unavailable; retry")
+            if isinstance(command, Sub) and reply.get("ok"):
+                self.connections.subscribed(self.conn, command.queue, reply)
+            else:
+                self.conn.queue_frame(reply)
+        finally:
+            if held is not None:
+                self.connections.answered(self.conn, held)
 
     async def _topic_command(self, command: Subscribe | Unsubscribe | PublishCmd) -> None:
         ctx, conn = self.ctx, self.conn
