@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from relay_kv import placement
+from relay_kv import membership, placement
 from relay_kv.clock import Version
 from relay_kv.crdt import Register
 from relay_replicator.store import Write
@@ -80,3 +80,50 @@ async def test_a_shard_larger_than_a_page_is_listed_in_pages(tmp_path: Path) -> 
                 assert replica.local.store.get(2, placement.shard_of("ns", key), "ns", key)
         assert a.local.store.tree[2].shards == b.local.store.tree[2].shards
         assert await sync.run_pass() == {b.peers.me: 0}
+
+
+async def test_a_site_hands_back_what_it_holds_of_shards_it_no_longer_homes(
+    tmp_path: Path,
+) -> None:
+    """A site out of a shard's home set (a view change moved it) holding keys of the shard (a
+    write below the majority, or one the joiners' pull missed while this site was down): a pass
+    writes them to the shard's home replicas and forgets them here; not during a change, not
+    while a home replica is down, and never a value older than `gc_grace` (its delete may have
+    been purged at home since: handing it back would resurrect it)."""
+    async with inprocess.replicators(tmp_path, {"a": 0, "b": 0, "c": 0}) as coordinators:
+        a, b, c = (coordinators[name].replicas for name in "abc")
+        sites = {r.peers.me: r for r in (a, b, c)}
+        now = int(time.time() * 1000)
+        sync = Sync(c, lambda: int(time.time() * 1000), 0, batch=3, shards_per_call=2)
+
+        def home(key: str) -> tuple[str, ...]:
+            return sync.home(2, placement.shard_of("ns", key))
+
+        def holders(key: str) -> set[str]:
+            shard = placement.shard_of("ns", key)
+            return {s for s, r in sites.items() if r.local.store.get(2, shard, "ns", key)}
+
+        keys = [f"k{i}" for i in range(300)]
+        foreign = [k for k in keys if c.peers.me not in home(k)][:10]
+        homed = [k for k in keys if c.peers.me in home(k)][:4]
+        stale = foreign.pop()
+        await c.local.store.merge(
+            [write(k, b"c", now) for k in [*foreign, *homed]]
+            + [write(stale, b"old", now - 864_000_000 - 60_000)]  # the default gc_grace: 10 d
+        )
+        c.peers.change = membership.Change(c.peers.view, c.peers.view)
+        assert await sync.hand_back() == 0  # a joiner's pulled shards look foreign meanwhile
+        c.peers.change = None
+        c.peers.mark_down(a.peers.me)  # home to every shard c is not (n = 2 of 3 sites)
+        assert await sync.hand_back() == 0
+        assert all(holders(k) == {c.peers.me} for k in [*foreign, stale])
+
+        c.peers.mark_up(a.peers.me)
+        assert await sync.hand_back() == len(foreign)
+        for key in foreign:
+            assert holders(key) == set(home(key)), key
+        for key in homed:
+            assert holders(key) == {c.peers.me}
+        assert holders(stale) == {c.peers.me}
+        assert c.local.store.check() == []
+        assert await sync.hand_back() == 0

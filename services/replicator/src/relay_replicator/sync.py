@@ -12,10 +12,22 @@ every shared shard records when it started (`KvStore.mark_synced`); a shard is s
 oldest such time among its other home replicas, which the GC guard
 (`relay_kv.tombstones.purgeable`) requires.
 
+After the exchanges, a pass hands back what this site holds of shards it no longer homes (a
+view change took it out of their home sets): each such key is written to the shard's home
+replicas, then forgotten here once every one of them took it (`hand_back`). The joiners' pull
+merged a read quorum of the old home replicas, so this carries what was on the others only:
+writes made with a W below the majority, and writes to a replica that was down during the
+pull.
+
 Invariants: anti-entropy only ever merges (never overwrites or deletes a value), and never
 hands over a tombstone this site would purge; one pass at a time; a pass interrupted by a
 peer's failure records nothing, so the guard never counts a sync that did not complete; keys
 are exchanged in batches of `batch` (the throttle: one read and one write call per batch).
+A hand-back runs only while no view change is under way (a joiner's pulled shards are not in
+its home sets until the change ends), deletes a key here only if it is still what was handed
+back, and hands back only values updated within their namespace's `gc_grace`: an older one
+may have been deleted at its home since and the tombstone purged, so handing it back could
+bring it back (Cassandra's resurrection); such a value stays here, unread, as before.
 """
 
 from __future__ import annotations
@@ -169,6 +181,7 @@ class Sync:
                 divergent[peer] = divergent.get(peer, 0) + found
                 await self.store.mark_synced(n, peer, started)
             _DIVERGENT.labels(peer).set(divergent.get(peer, 0))
+        await self.hand_back()
         await self.collect_garbage()
         self.passes += 1
         return divergent
@@ -256,6 +269,48 @@ class Sync:
             if pushed:
                 await self.replicas.write(peer, pushed)
                 _EXCHANGED.labels("pushed").inc(len(pushed))
+
+    # -- hand-back ---------------------------------------------------------------------------
+
+    async def hand_back(self) -> int:
+        """Write what this site holds of shards it does not home to their home replicas, and
+        forget each key once all of them took it; returns the keys forgotten."""
+        if self.peers.change is not None:
+            return 0
+        me = self.peers.me
+        handed = 0
+        for n in sorted(self.store.tree):
+            foreign = sorted(s for s in self.store.tree[n].shards if me not in self.home(n, s))
+            for start in range(0, len(foreign), self.shards_per_call):
+                handed += await self._hand_back(n, foreign[start : start + self.shards_per_call])
+        return handed
+
+    async def _hand_back(self, n: int, shards: list[int]) -> int:
+        now = self.now_ms()
+        # A shard with a home replica known down waits for a later pass (written to none).
+        shards = [s for s in shards if not any(map(self.peers.is_down, self.home(n, s)))]
+        rows = []
+        for shard in shards:
+            for namespace, key, raw in self.store.shard_keys(n, shard):
+                value = codec.decode(raw)
+                if value.updated.wall_ms > now - self._grace_ms(namespace):
+                    rows.append((Write(n, shard, namespace, key, value), raw))
+        failed: set[int] = set()
+        for peer in sorted({site for shard in shards for site in self.home(n, shard)}):
+            theirs = [
+                (n, w.namespace, w.key, w.value) for w, _ in rows if peer in self.home(n, w.shard)
+            ]
+            try:
+                for start in range(0, len(theirs), self.batch):
+                    await self.replicas.write(peer, theirs[start : start + self.batch])
+            except (PeerError, Refused, TimeoutError) as error:
+                log.info("kv_hand_back_interrupted", peer=peer, n=n, error=str(error))
+                failed.update(s for s in shards if peer in self.home(n, s))
+        done = [(w, raw) for w, raw in rows if w.shard not in failed]
+        if done:
+            await self.store.purge(done)
+            _EXCHANGED.labels("handed_back").inc(len(done))
+        return len(done)
 
     # -- garbage collection ------------------------------------------------------------------
 
