@@ -96,7 +96,13 @@ def test_a_retainer_pools_scale_is_planned_and_run_as_a_queue_writer_pools_is(
     assert status["selector"] == "app.kubernetes.io/component=retainer"
 
     api.patch(RETAINER_PATH, {"spec": {"replicas": 3}})
-    moves = wait_for("the planned moves", lambda: api.items("relaypartitionmoves"), operator=op)
+
+    def planned() -> list[dict[str, Any]] | None:
+        """Both moves: the operator creates them one after the other."""
+        found = api.items("relaypartitionmoves")
+        return found if len(found) >= 2 else None
+
+    moves = wait_for("the planned moves", planned, operator=op)
     # 8 partitions over 3: the two new-ordinal partitions come from the fullest owners.
     specs = sorted((m["spec"]["partition"], m["spec"]["fromOrdinal"]) for m in moves)
     assert specs == [(6, 0), (7, 1)]
