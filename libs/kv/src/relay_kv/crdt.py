@@ -128,6 +128,12 @@ class AWSet:
             entries.pop(member, None)
         return AWSet(self.clock, entries, max(self.updated, version))
 
+    def only(self, member: bytes) -> AWSet:
+        """This state as seen by one member: the same clock, that member's dots alone (what a
+        set stored as rows keeps in the member's row, `relay_kv.setrows`)."""
+        dots = self.entries.get(member)
+        return AWSet(self.clock, {} if dots is None else {member: dots}, self.updated)
+
     def members(self, now_ms: int) -> list[bytes]:
         """The members visible at `now_ms`, in byte order."""
         return sorted(

@@ -1,7 +1,9 @@
 """Where a key lives: fixed shards, and per shard a replica set chosen by rendezvous hashing.
 
 - A key's shard is the top `SHARD_BITS` bits of blake2b(namespace NUL key): 65,536 shards, fixed
-  forever, so a shard is the unit of placement, anti-entropy and hand-over.
+  forever, so a shard is the unit of placement, anti-entropy and hand-over. Only the part of a
+  stored key before its first NUL counts: the rows of a key (a set's members,
+  `relay_kv.setrows`) live in the key's shard. Client keys hold no NUL (`names.check_key`).
 - A shard's preference list orders every site of the membership view by
   blake2b(shard, site), highest first. Its first N sites are the home replicas; the rest, in
   order, are the fallbacks that hold hints for unreachable home replicas.
@@ -25,6 +27,7 @@ SHARDS = 1 << SHARD_BITS
 
 
 def shard_of(namespace: str, key: str) -> int:
+    key = key.partition("\0")[0]
     data = namespace.encode("utf-8", "surrogatepass") + b"\0" + key.encode("utf-8", "surrogatepass")
     digest = hashlib.blake2b(data, digest_size=8).digest()
     return int.from_bytes(digest, "big") >> (64 - SHARD_BITS)

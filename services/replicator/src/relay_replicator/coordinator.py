@@ -23,7 +23,10 @@ Any replicator coordinates the requests of the partitions it consumes (consumer 
 - Sets (and whole-key deletes of sets and maps) are read-modify-write: the add's dot and the
   remove's observed dots come from a quorum read. Such operations on one key are serialised in
   this process (a lock per key): two concurrent adds stamped by one site must not both build on
-  the same read, or the later one's clock would cover the earlier one's dot.
+  the same read, or the later one's clock would cover the earlier one's dot. A set is a head
+  and a row per member (`relay_kv.setrows`): an operation reads and writes the head and the
+  rows of the members it names in one round (one batch per replica), a listing merges pages of
+  rows from R replicas, a whole-set delete removes the observed members a page at a time.
 
 Invariants: each request id runs once (`OncePerId`) and every copy is answered; a request past
 its deadline is dropped unanswered (its asker has already answered 503); every failure ends in
@@ -39,7 +42,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 from prometheus_client import Counter, Gauge, Histogram
@@ -51,13 +54,14 @@ from relay_bus.once import OncePerId
 from relay_durable import codec as b64
 from relay_durable.outcome import Outcome
 from relay_kv import codec as kv_codec
-from relay_kv import crdt, membership, names, ops, placement, quorum
+from relay_kv import crdt, membership, names, ops, placement, quorum, setrows
 from relay_kv.clock import HybridClock, Version
 from relay_replicator.peer_calls import PeerCalls
 from relay_replicator.peers import PeerError, Peers
 from relay_replicator.replica import LocalReplica, Refused
 
 log = structlog.get_logger(__name__)
+T = TypeVar("T")
 
 _LATENCY = Histogram(
     "relay_kv_quorum_seconds",
@@ -75,6 +79,8 @@ NS_N = names.MAX_N
 seven) keeps every definition, so each can read a namespace's `gc_grace` locally."""
 NS_CACHE_S = 2.0
 MAX_RESENDS = 3
+SET_PAGE = 500
+"""Member rows a whole-set delete removes per write round."""
 ADMISSION_WAITS = 40
 """How many 50 ms waits a request gets for this site to be admitted to a change it holds
 (`Peers.admitted`: a round or two of reports) before it is refused."""
@@ -136,6 +142,18 @@ class Replicas:
         ]
         values = await self.peer_reads.ask(site, encoded)
         return [None if v is None else kv_codec.from_json(v) for v in values]
+
+    async def rows(
+        self, site: str, target: _Target, after: str | None, limit: int
+    ) -> tuple[list[tuple[str, crdt.Value]], bool]:
+        """A page of a set's member rows on `site` (tombstones included), and whether more
+        follow."""
+        if site == self.local.site:
+            return self.local.rows(target.n, target.namespace, target.key, after, limit)
+        body = {"n": target.n, "ns": target.namespace, "key": target.key, "limit": limit}
+        answer = await self.peers.call(site, "/internal/kv/rows", {**body, "after": after})
+        found = [(str(row), kv_codec.from_json(value)) for row, value in answer["rows"]]
+        return found, bool(answer["more"])
 
     async def close(self) -> None:
         await self.peer_writes.close()
@@ -352,9 +370,36 @@ class Coordinator:
     async def _delete(self, request: schemas.KvRequest, target: _Target, r: int, w: int) -> Outcome:
         async with self._lock(target):
             current = await self._read(target, r)
-            version = self._stamp(current)
-            await self._write_checked(target, ops.delete(current, version, self.now_ms()), w)
+            version = self._stamp([current])
+            if isinstance(current, crdt.AWSet):
+                await self._delete_set(target, current, version, r, w)
+            else:
+                await self._write_checked(
+                    [(target, ops.delete(current, version, self.now_ms()))], w
+                )
         return Outcome(200, _version_body(version))
+
+    async def _delete_set(
+        self, target: _Target, head: crdt.AWSet, version: Version, r: int, w: int
+    ) -> None:
+        """Remove every member observed, a page of rows at a time (each page one write round
+        with the head, so an interrupted delete has removed whole pages)."""
+        after: bytes | None = None
+        while True:
+            rows, bound = await self._read_rows(target, r, after, SET_PAGE)
+            found = dict(rows)
+            legacy = [m for m in head.entries if _within(m, after, bound) and m not in found]
+            observed = [m for m, row in rows if setrows.element(head, row, m).entries] + legacy
+            if observed or bound is None:
+                head, written = setrows.change(
+                    head, {**found, **dict.fromkeys(legacy)}, [], observed, version, None
+                )
+                await self._write_checked(
+                    [(target, head), *((target.row(m), row) for m, row in written.items())], w
+                )
+            if bound is None:
+                return
+            after = bound
 
     async def _members(
         self, request: schemas.KvRequest, target: _Target, r: int, w: int
@@ -368,21 +413,43 @@ class Coordinator:
             raise _bad("nothing to add or remove")
         if any(len(m) > self.settings.max_value_bytes for m in add):
             raise Refusal(413, "TOO_LARGE", f"member over {self.settings.max_value_bytes} bytes")
+        touched = list(dict.fromkeys([*remove, *add]))
         async with self._lock(target):
-            current = await self._read(target, r)
-            _check_type(current, crdt.AWSet, self.now_ms())
-            version = self._stamp(current)
-            state = ops.change_members(current, add, remove, version, self._expiry(request))
-            await self._write_checked(target, state, w)
+            head, *rows = await self._read_many([target, *(target.row(m) for m in touched)], r)
+            _check_type(head, crdt.AWSet, self.now_ms())
+            version = self._stamp([head, *rows])
+            new_head, written = setrows.change(
+                head if isinstance(head, crdt.AWSet) else None,
+                {
+                    m: row if isinstance(row, crdt.AWSet) else None
+                    for m, row in zip(touched, rows, strict=True)
+                },
+                add,
+                remove,
+                version,
+                self._expiry(request),
+            )
+            await self._write_checked(
+                [(target, new_head), *((target.row(m), row) for m, row in written.items())], w
+            )
         return Outcome(200, _version_body(version))
 
     async def _list_members(
         self, request: schemas.KvRequest, target: _Target, r: int, w: int
     ) -> Outcome:
-        value = await self._read(target, r)
-        _check_type(value, crdt.AWSet, self.now_ms())
-        members = value.members(self.now_ms()) if isinstance(value, crdt.AWSet) else []
-        page, more = ops.page(members, bytes, _cursor(request.cursor), request.limit)
+        head = await self._read(target, r)
+        _check_type(head, crdt.AWSet, self.now_ms())
+        after = _cursor(request.cursor)
+        found: list[bytes] = []
+        while isinstance(head, crdt.AWSet) and len(found) <= request.limit:
+            rows, bound = await self._read_rows(target, r, after, request.limit + 1)
+            shown = setrows.members(head, rows, self.now_ms())
+            found.extend(m for m in shown if _within(m, after, bound))
+            if bound is None:
+                break
+            after = bound
+        page = found[: request.limit]
+        more = page[-1] if len(found) > request.limit else None
         answer = schemas.KvMembers(
             members=[b64.b64u(m) for m in page], cursor=None if more is None else b64.b64u(more)
         )
@@ -456,10 +523,10 @@ class Coordinator:
             lock = self._locks[key] = asyncio.Lock()
         return lock
 
-    def _stamp(self, current: crdt.Value | None) -> Version:
-        """A version past everything `current` carries."""
-        if current is not None:
-            for version in ops.versions(current):
+    def _stamp(self, read: list[crdt.Value | None]) -> Version:
+        """A version past everything the values read carry."""
+        for value in read:
+            for version in [] if value is None else ops.versions(value):
                 if self.clock.admissible(version):
                     self.clock.observe(version)
         return self.clock.tick()
@@ -475,8 +542,8 @@ class Coordinator:
         """Stamp, write, and stamp again past any newer version a replica reports."""
         for _ in range(MAX_RESENDS):
             version = self.clock.tick()
-            results = await self._write_checked(target, make(version), w)
-            newer = [Version.parse(r["newer"]) for r in results if r.get("newer")]
+            results = await self._write_checked([(target, make(version))], w)
+            newer = [Version.parse(r[0]["newer"]) for r in results if r[0].get("newer")]
             if not newer:
                 return version
             _RESENDS.inc()
@@ -484,12 +551,15 @@ class Coordinator:
         return version
 
     async def _write_checked(
-        self, target: _Target, value: crdt.Value, w: int
-    ) -> list[dict[str, Any]]:
-        outcome, results = await self._write(target, value, w)
-        for result in results:
-            if result.get("live") and result.get("type") not in (None, ops.type_name(value)):
-                raise _bad(f"key holds a {result['type']}")
+        self, writes: list[tuple[_Target, crdt.Value]], w: int
+    ) -> list[list[dict[str, Any]]]:
+        """Write and check each replica's answers: a value that lost to one of another type
+        (whose rank wins the merge, `relay_kv.crdt`) took no effect, so it is refused."""
+        outcome, results = await self._write(writes, w)
+        for answer in results:
+            for result, (_, value) in zip(answer, writes, strict=True):
+                if result.get("type") not in (None, ops.type_name(value)):
+                    raise _bad(f"key holds a {result['type']}")
         if outcome is not quorum.Outcome.OK:
             raise Refusal(
                 504,
@@ -500,8 +570,11 @@ class Coordinator:
         return results
 
     async def _write(
-        self, target: _Target, value: crdt.Value, w: int
-    ) -> tuple[quorum.Outcome, list[dict[str, Any]]]:
+        self, writes: list[tuple[_Target, crdt.Value]], w: int
+    ) -> tuple[quorum.Outcome, list[list[dict[str, Any]]]]:
+        """One write round for values of one shard (a key, or a set's head and rows): each
+        replica takes them in one batch, so it acknowledges all or none."""
+        target = writes[0][0]
         change = self.peers.change
         round_: quorum.WriteRound | membership.JointWriteRound
         if change is None:
@@ -520,22 +593,22 @@ class Coordinator:
                 joint.home, tuple(s for s in joint.old.fallback if s not in joint.home)
             )
         decided = asyncio.Event()
-        results: list[dict[str, Any]] = []
-        item = [(target.n, target.namespace, target.key, value)]
+        results: list[list[dict[str, Any]]] = []
+        items = [(t.n, t.namespace, t.key, value) for t, value in writes]
 
         async def send(site: str) -> None:
             try:
                 answer = await asyncio.wait_for(
-                    self.replicas.write(site, item), self.settings.timeout_s
+                    self.replicas.write(site, items), self.settings.timeout_s
                 )
                 round_.ack(site)
-                results.append(answer[0])
+                results.append(answer)
             except (PeerError, Refused, TimeoutError) as error:
                 log.debug("kv_replica_write_failed", site=site, error=repr(error))
                 if isinstance(error, TimeoutError) and site != self.peers.me:
                     self.peers.mark_down(site)  # `Peers.call` marks its own failures
                 round_.fail(site)
-                await self._hint(home, site, item)
+                await self._hint(home, site, items)
             finally:
                 if round_.decided is not None:
                     decided.set()
@@ -543,7 +616,7 @@ class Coordinator:
         for site in plan.targets:
             self._spawn(send(site))
         for site in plan.hints:
-            self._spawn(self._hint(home, site, item))
+            self._spawn(self._hint(home, site, items))
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(decided.wait(), self.settings.timeout_s)
         return round_.final(), list(results)
@@ -552,102 +625,146 @@ class Coordinator:
         self,
         home: placement.Replicas,
         site: str,
-        item: list[tuple[int, str, str, crdt.Value]],
+        items: list[tuple[int, str, str, crdt.Value]],
     ) -> None:
         helper = quorum.fallback_for(home, self.peers.reachable())
         if helper is None:
             return
         try:
             await asyncio.wait_for(
-                self.replicas.write(helper, item, hint_for=site), self.settings.timeout_s
+                self.replicas.write(helper, items, hint_for=site), self.settings.timeout_s
             )
             _HINTS_SENT.inc()
         except (PeerError, Refused, TimeoutError) as error:
             log.info("kv_hint_not_stored", target=site, helper=helper, error=str(error))
 
-    async def _read(self, target: _Target, r: int) -> crdt.Value | None:
+    def _read_plan(self, target: _Target, r: int) -> tuple[tuple[str, ...], int]:
+        """The sites a read of `target`'s shard asks, and how many must answer."""
         change = self.peers.change
         if change is None:
             home = self.peers.view.replicas(target.shard, target.n)
-            targets = quorum.plan_read(home, self.peers.reachable(), r)
-        else:
-            joint = change.replicas(target.shard, target.n)
-            if target.majorities:
-                r_old, r_new = membership.majorities(joint)
-                r = r_new if change.step is membership.Step.READING_NEW else r_old
-            targets = membership.plan_read(joint, self.peers.reachable(), r, change.step)
-        round_ = quorum.ReadRound(targets, r)
-        decided = asyncio.Event()
-        item = [(target.n, target.namespace, target.key)]
+            return quorum.plan_read(home, self.peers.reachable(), r), r
+        joint = change.replicas(target.shard, target.n)
+        if target.majorities:
+            r_old, r_new = membership.majorities(joint)
+            r = r_new if change.step is membership.Step.READING_NEW else r_old
+        return membership.plan_read(joint, self.peers.reachable(), r, change.step), r
 
-        async def ask(site: str) -> None:
+    async def _ask(
+        self, target: _Target, r: int, ask: Callable[[str], Awaitable[T]]
+    ) -> tuple[dict[str, T], list[asyncio.Task[None]]]:
+        """Ask the sites a read plans until R answered: the answers (a late one is added
+        when it comes), and the asks still running; `quorum.Unavailable` when R cannot answer
+        in time."""
+        sites, r = self._read_plan(target, r)
+        round_ = quorum.ReadRound(sites, r)
+        answers: dict[str, T] = {}
+        decided = asyncio.Event()
+
+        async def one(site: str) -> None:
             try:
-                answer = await asyncio.wait_for(
-                    self.replicas.read(site, item), self.settings.timeout_s
-                )
-                round_.answer(site, answer[0])
+                answers[site] = await asyncio.wait_for(ask(site), self.settings.timeout_s)
+                round_.answer(site, None)
             except (PeerError, TimeoutError):
                 round_.fail(site)
             finally:
                 if round_.decided is not None:
                     decided.set()
 
-        asks = [asyncio.create_task(ask(site)) for site in targets]
+        asks = [asyncio.create_task(one(site)) for site in sites]
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(decided.wait(), self.settings.timeout_s)
         if round_.decided is not quorum.Outcome.OK:
             for task in asks:
                 task.cancel()
-            raise quorum.Unavailable(
-                f"{len(round_.answers)} of {r} replicas answered the read in time"
+            raise quorum.Unavailable(f"{len(round_.answers)} of {r} replicas answered in time")
+        return answers, [task for task in asks if not task.done()]
+
+    async def _read(self, target: _Target, r: int) -> crdt.Value | None:
+        return (await self._read_many([target], r))[0]
+
+    async def _read_many(self, targets: list[_Target], r: int) -> list[crdt.Value | None]:
+        """Values of one shard (a key, or a set's head and rows) read with one call per
+        replica: after R answered, merged; stale replicas among the R are repaired before the
+        answer, late ones in the background."""
+        items = [(t.n, t.namespace, t.key) for t in targets]
+        answers, late = await self._ask(targets[0], r, lambda site: self.replicas.read(site, items))
+        answered = dict(answers)
+        merged = [crdt.merge_all(values) for values in zip(*answered.values(), strict=True)]
+        stale = {site: _outdated(targets, values, merged) for site, values in answered.items()}
+        if any(stale.values()):  # blocking read repair of the stale replicas among the R
+            _REPAIRS.labels("blocking").inc(sum(1 for items in stale.values() if items))
+            await asyncio.gather(
+                *(self._repair(site, items) for site, items in stale.items() if items),
+                return_exceptions=True,
             )
-        merged = round_.merged()
-        answered = dict(round_.answers)
-        if merged is not None:
-            stale = [site for site, value in answered.items() if value != merged]
-            if stale:  # blocking read repair of the stale replicas among the R
-                _REPAIRS.labels("blocking").inc(len(stale))
-                await asyncio.gather(
-                    *(self._repair(site, target, merged) for site in stale),
-                    return_exceptions=True,
-                )
-        if change is not None and change.step is membership.Step.PULLING and merged is not None:
-            # What a read returned must stay visible once reads move to the new home replicas
-            # (a value in flight, not acknowledged, may be on the old ones only): it is written
-            # to the reachable new ones too before the answer.
-            joint = change.replicas(target.shard, target.n)
-            reachable = self.peers.reachable()
-            extra = [s for s in joint.new.home if s not in joint.old.home and s in reachable]
-            if extra:
-                await asyncio.gather(
-                    *(self._repair(site, target, merged) for site in extra),
-                    return_exceptions=True,
-                )
-        late = [task for task in asks if not task.done()]
-        if late and merged is not None:
-            self._spawn(self._repair_late(late, round_, set(answered), target, merged))
+        await self._carry_to_new(
+            targets[0], [t.item(v) for t, v in zip(targets, merged, strict=True) if v is not None]
+        )
+        if late:
+            self._spawn(self._repair_late(late, answers, set(answered), targets, merged))
         return merged
 
-    async def _repair(self, site: str, target: _Target, value: crdt.Value) -> None:
-        await asyncio.wait_for(
-            self.replicas.write(site, [(target.n, target.namespace, target.key, value)]),
-            self.settings.timeout_s,
+    async def _read_rows(
+        self, target: _Target, r: int, after: bytes | None, limit: int
+    ) -> tuple[list[tuple[bytes, crdt.AWSet]], bytes | None]:
+        """A page of a set's member rows after the member `after`, merged from R replicas:
+        (member, row) in member order, and the last member the page is exact up to (None: the
+        rows end). Each replica answers up to `limit` rows; past the least last row of a
+        replica that has more, another replica's rows may lack that one's, so they wait for
+        the next page."""
+        start = None if after is None else target.row(after).key
+        answers, _ = await self._ask(
+            target, r, lambda site: self.replicas.rows(site, target, start, limit)
         )
+        ends = [found[-1][0] for found, more in answers.values() if more and found]
+        bound = min(ends, key=str.encode) if ends else None
+        merged: dict[str, crdt.Value] = {}
+        for found, _ in answers.values():
+            for row, value in found:
+                if bound is None or row.encode() <= bound.encode():
+                    mine = merged.get(row)
+                    merged[row] = value if mine is None else crdt.merge(mine, value)
+        rows = [
+            (setrows.member_of(row), value)
+            for row, value in sorted(merged.items(), key=lambda item: item[0].encode())
+            if isinstance(value, crdt.AWSet)
+        ]
+        await self._carry_to_new(target, [target.row(m).item(value) for m, value in rows])
+        return rows, None if bound is None else setrows.member_of(bound)
+
+    async def _carry_to_new(
+        self, target: _Target, items: list[tuple[int, str, str, crdt.Value]]
+    ) -> None:
+        """During a change's pull, what a read returned must stay visible once reads move to
+        the new home replicas (a value in flight, not acknowledged, may be on the old ones
+        only): it is written to the reachable new ones too before the answer."""
+        change = self.peers.change
+        if change is None or change.step is not membership.Step.PULLING or not items:
+            return
+        joint = change.replicas(target.shard, target.n)
+        reachable = self.peers.reachable()
+        extra = [s for s in joint.new.home if s not in joint.old.home and s in reachable]
+        await asyncio.gather(*(self._repair(s, items) for s in extra), return_exceptions=True)
+
+    async def _repair(self, site: str, items: list[tuple[int, str, str, crdt.Value]]) -> None:
+        await asyncio.wait_for(self.replicas.write(site, items), self.settings.timeout_s)
 
     async def _repair_late(
         self,
         late: list[asyncio.Task[None]],
-        round_: quorum.ReadRound,
+        answers: dict[str, list[crdt.Value | None]],
         seen: set[str],
-        target: _Target,
-        merged: crdt.Value,
+        targets: list[_Target],
+        merged: list[crdt.Value | None],
     ) -> None:
         await asyncio.gather(*late, return_exceptions=True)
-        for site, value in round_.answers.items():
-            if site not in seen and value != crdt.merge_all([value, merged]):
+        for site, values in list(answers.items()):
+            items = [] if site in seen else _outdated(targets, values, merged)
+            if items:
                 _REPAIRS.labels("background").inc()
                 with contextlib.suppress(PeerError, Refused, TimeoutError):
-                    await self._repair(site, target, merged)
+                    await self._repair(site, items)
 
 
 @dataclass(frozen=True)
@@ -660,11 +777,35 @@ class _Target:
     def shard(self) -> int:
         return placement.shard_of(self.namespace, self.key)
 
+    def row(self, member: bytes) -> _Target:
+        """The row of one member of the set at this key (`relay_kv.setrows`)."""
+        return _Target(self.n, self.namespace, setrows.row_key(self.key, member))
+
+    def item(self, value: crdt.Value) -> tuple[int, str, str, crdt.Value]:
+        """A replica write's item for `value` at this key."""
+        return (self.n, self.namespace, self.key, value)
+
     @property
     def majorities(self) -> bool:
         """Relay's own namespaces: R and W are a majority of the home replicas that exist (per
         view during a membership change), not a namespace definition's."""
         return self.namespace == names.NAMESPACES or self.namespace in names.SYSTEM
+
+
+def _outdated(
+    targets: list[_Target], values: list[crdt.Value | None], merged: list[crdt.Value | None]
+) -> list[tuple[int, str, str, crdt.Value]]:
+    """The writes that bring a replica's `values` up to the merge."""
+    return [
+        t.item(m)
+        for t, v, m in zip(targets, values, merged, strict=True)
+        if m is not None and v != m
+    ]
+
+
+def _within(member: bytes, after: bytes | None, bound: bytes | None) -> bool:
+    """Whether `member` is on the page after `after` up to `bound` (None: unbounded)."""
+    return (after is None or member > after) and (bound is None or member <= bound)
 
 
 def _check_type(current: crdt.Value | None, wanted: type[crdt.Value], now_ms: int) -> None:

@@ -7,6 +7,8 @@ Routes (admin bearer token when `RELAY_ADMIN_TOKEN` is set; peers use it):
   value into the store (or keep it as a hint for `hint_for`) and answer once fsynced;
 - `POST /internal/kv/read` `{"items": [{"n", "ns", "key"}]}`: the stored values, tombstones
   included (internal reads see them);
+- `POST /internal/kv/rows` `{"n", "ns", "key", "after"?, "limit"}`: a page of a set's member
+  rows (`relay_kv.setrows`), tombstones included, and whether more follow;
 - `POST /internal/kv/tree/groups`, `/tree/shards`, `/tree/keys`: anti-entropy
   (`relay_replicator.sync`); `/tree/held`: per replication factor, the shards holding data
   here (what a site joining a shard's home set pulls, `relay_replicator.changes`).
@@ -52,6 +54,14 @@ class WriteBody(BaseModel):
 
 class ReadBody(BaseModel):
     items: list[Item]
+
+
+class RowsBody(BaseModel):
+    n: int = Field(ge=1, le=7)
+    ns: str
+    key: str
+    after: str | None = None
+    limit: int = Field(ge=1, le=10_000)
 
 
 class LocalReplica:
@@ -100,6 +110,12 @@ class LocalReplica:
     def read(self, items: list[tuple[int, str, str]]) -> list[crdt.Value | None]:
         return [self.store.get(n, placement.shard_of(ns, key), ns, key) for n, ns, key in items]
 
+    def rows(
+        self, n: int, ns: str, key: str, after: str | None, limit: int
+    ) -> tuple[list[tuple[str, crdt.Value]], bool]:
+        found, more = self.store.rows(n, ns, key, after, limit)
+        return [(row, codec.decode(raw)) for row, raw in found], more
+
 
 def routes(replica: LocalReplica, token: str | None, sync: Any) -> list[BaseRoute]:
     """The replica's routes (plain Starlette: each body is validated by its own model, and the
@@ -139,6 +155,10 @@ def routes(replica: LocalReplica, token: str | None, sync: Any) -> list[BaseRout
     async def read(body: ReadBody) -> dict[str, Any]:
         values = replica.read([(i.n, i.ns, i.key) for i in body.items])
         return {"values": [None if v is None else codec.to_json(v) for v in values]}
+
+    async def rows(body: RowsBody) -> dict[str, Any]:
+        found, more = replica.rows(body.n, body.ns, body.key, body.after, body.limit)
+        return {"rows": [[row, codec.to_json(value)] for row, value in found], "more": more}
 
     async def scan(body: dict[str, Any]) -> dict[str, Any]:
         """This replica's keys of one namespace (tombstones included), paged by (shard, key)."""
@@ -187,6 +207,7 @@ def routes(replica: LocalReplica, token: str | None, sync: Any) -> list[BaseRout
         Route("/internal/kv/site", endpoint(site), methods=["GET"]),
         Route("/internal/kv/write", endpoint(write, WriteBody), methods=["POST"]),
         Route("/internal/kv/read", endpoint(read, ReadBody), methods=["POST"]),
+        Route("/internal/kv/rows", endpoint(rows, RowsBody), methods=["POST"]),
         Route("/internal/kv/scan", endpoint(scan), methods=["POST"]),
         Route("/internal/kv/tree/groups", endpoint(groups), methods=["POST"]),
         Route("/internal/kv/tree/shards", endpoint(shards), methods=["POST"]),

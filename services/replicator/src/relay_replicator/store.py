@@ -3,7 +3,8 @@
 Layout (`kv/1`, recorded under `META`):
 - `d` n shard(2) namespace NUL key -> the value's envelope (`relay_kv.codec`); `n` is the
   namespace's replication factor, so that the keys two sites share for one `n` are ranges of
-  shards (anti-entropy compares them that way);
+  shards (anti-entropy compares them that way); a set's member rows are keys too (key NUL
+  hex(member), `relay_kv.setrows`), in the set's shard, right after its head;
 - `h` n shard(2) -> the shard's tictac hash (8 bytes, `relay_kv.tictac`);
 - `i` target NUL namespace NUL key -> a hint for `target` (`relay_kv.hints`);
 - `s` n peer -> when the last complete anti-entropy pass with `peer` for that `n` started (ms);
@@ -37,7 +38,7 @@ import structlog
 from rocksdict import Options, Rdict, ReadOptions, WriteBatch, WriteOptions
 
 from relay_durable.batching import BatchLoop
-from relay_kv import codec, crdt, hints, tictac, tombstones
+from relay_kv import codec, crdt, hints, placement, setrows, tictac, tombstones
 from relay_kv.clock import Version
 
 log = structlog.get_logger(__name__)
@@ -188,6 +189,23 @@ class KvStore:
         for raw_key, value in self._range(prefix, start):
             namespace, _, key = raw_key[len(prefix) :].partition(b"\0")
             yield namespace.decode(), key.decode(), value
+
+    def rows(
+        self, n: int, namespace: str, key: str, after: str | None, limit: int
+    ) -> tuple[list[tuple[str, bytes]], bool]:
+        """(row key, envelope) of the rows of `key` (`relay_kv.setrows`) after the row key
+        `after`, in order, at most `limit`, and whether more follow."""
+        prefix = setrows.row_prefix(key)
+        shard = placement.shard_of(namespace, key)
+        bound = data_key(n, shard, namespace, prefix)
+        start = None if after is None else data_key(n, shard, namespace, after) + b"\0"
+        found: list[tuple[str, bytes]] = []
+        skip = len(bound) - len(prefix.encode())
+        for raw_key, value in self._range(bound, start):
+            if len(found) == limit:
+                return found, True
+            found.append((raw_key[skip:].decode(), value))
+        return found, False
 
     def scan(
         self, n: int, namespace: str, after: tuple[int, str] | None, limit: int

@@ -39,7 +39,7 @@ from typing import Any
 import structlog
 from prometheus_client import Counter, Gauge
 
-from relay_kv import codec, crdt, names, placement, tictac, tombstones
+from relay_kv import codec, crdt, names, placement, setrows, tictac, tombstones
 from relay_replicator.coordinator import NS_N, Replicas
 from relay_replicator.peers import PeerError
 from relay_replicator.periodic import Periodic
@@ -253,7 +253,7 @@ class Sync:
                 got = [
                     (n, ns, key, v)
                     for (shard, ns, key), v in zip(pull, values, strict=True)
-                    if v is not None and not self.purgeable(n, shard, ns, v)
+                    if v is not None and not self.purgeable(n, shard, ns, key, v)
                 ]
                 if got:
                     await self.replicas.local.write(got)
@@ -264,7 +264,7 @@ class Sync:
                 (n, ns, key, value)
                 for shard, ns, key in part
                 if (value := self.store.get(n, shard, ns, key)) is not None
-                and not self.purgeable(n, shard, ns, value)
+                and not self.purgeable(n, shard, ns, key, value)
             ]
             if pushed:
                 await self.replicas.write(peer, pushed)
@@ -332,21 +332,27 @@ class Sync:
             return names.Namespace.decode(found.value).gc_grace_s * 1000
         return 864_000_000
 
-    def purgeable(self, n: int, shard: int, namespace: str, value: crdt.Value) -> bool:
+    def purgeable(self, n: int, shard: int, namespace: str, key: str, value: crdt.Value) -> bool:
         """Whether this site would purge `value`: such a tombstone is neither pulled nor pushed
-        (otherwise replicas that purge at different moments hand it back and forth forever)."""
+        (otherwise replicas that purge at different moments hand it back and forth forever). A
+        set's head outlives its member rows here: it marks the key as a set while any remains
+        (`relay_kv.setrows`)."""
         now = self.now_ms()
         if tombstones.tombstone_since(value, now) is None:
             return False
-        return tombstones.purgeable(
+        if not tombstones.purgeable(
             value, now, self._grace_ms(namespace), self.synced_ms(n, shard), guard=self.gc_guard
-        )
+        ):
+            return False
+        if isinstance(value, crdt.AWSet) and not setrows.is_row(key):
+            return not self.store.rows(n, namespace, key, None, 1)[0]
+        return True
 
     async def collect_garbage(self) -> int:
         judged = []
         for n, shard, namespace, key, raw in self.store.mortal_keys():
             value = codec.decode(raw)
-            if self.purgeable(n, shard, namespace, value):
+            if self.purgeable(n, shard, namespace, key, value):
                 judged.append((Write(n, shard, namespace, key, value), raw))
         if judged:
             await self.store.purge(judged)
