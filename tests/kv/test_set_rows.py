@@ -94,6 +94,13 @@ async def test_a_large_set_lives_in_rows_and_pages_exactly(tmp_path: Path) -> No
         kept = [members[0], *members[1::2]]
         assert await _list(a, auth, limit=333, r=3) == sorted(kept + extra)
 
+        # A map would win the merge over the head: refused while the set shows a member.
+        field = {**auth, "field": "f"}
+        for op in ("field_put", "field_delete", "field_get", "list_fields"):
+            outcome = await a.run(request(op=op, **field, value=b64u(b"v")))
+            assert outcome.code == "BAD_REQUEST", (op, outcome)
+        assert isinstance(_stored(b, "s"), AWSet)
+
         deleted = await a.run(request(op="delete", **auth))
         assert deleted.ok, deleted
         assert await _list(b, auth, limit=100, r=3) == []
@@ -101,6 +108,7 @@ async def test_a_large_set_lives_in_rows_and_pages_exactly(tmp_path: Path) -> No
         assert refused.code == "BAD_REQUEST"  # the head still marks a set
         again = await a.run(request(op="get", **auth))
         assert again.code == "BAD_REQUEST"
+        assert (await a.run(request(op="field_put", **field, value=b64u(b"v")))).ok
 
 
 async def test_a_set_written_whole_reads_the_same_and_moves_into_rows(tmp_path: Path) -> None:

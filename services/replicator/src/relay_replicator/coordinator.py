@@ -460,8 +460,7 @@ class Coordinator:
     ) -> Outcome:
         names.check_key(request.field, "field")
         value = self._value(request)
-        current = await self._read(target, r)
-        _check_type(current, crdt.KvMap, self.now_ms())
+        await self._check_map(target, await self._read(target, r), r)
         version = await self._write_lww(
             target,
             lambda v: crdt.KvMap({request.field: crdt.Register(v, value, self._expiry(request))}),
@@ -474,7 +473,7 @@ class Coordinator:
     ) -> Outcome:
         names.check_key(request.field, "field")
         value = await self._read(target, r)
-        _check_type(value, crdt.KvMap, self.now_ms())
+        await self._check_map(target, value, r)
         register = value.fields.get(request.field) if isinstance(value, crdt.KvMap) else None
         if register is None or register.visible(self.now_ms()) is None:
             raise Refusal(404, "NOT_FOUND", "no such field")
@@ -484,6 +483,7 @@ class Coordinator:
         self, request: schemas.KvRequest, target: _Target, r: int, w: int
     ) -> Outcome:
         names.check_key(request.field, "field")
+        await self._check_map(target, await self._read(target, r), r)
         version = await self._write_lww(
             target, lambda v: crdt.KvMap({request.field: crdt.Register(v, None)}), w
         )
@@ -493,7 +493,7 @@ class Coordinator:
         self, request: schemas.KvRequest, target: _Target, r: int, w: int
     ) -> Outcome:
         value = await self._read(target, r)
-        _check_type(value, crdt.KvMap, self.now_ms())
+        await self._check_map(target, value, r)
         fields = value.visible(self.now_ms()) if isinstance(value, crdt.KvMap) else {}
         page, more = ops.page(
             sorted(fields.items(), key=lambda item: item[0].encode()),
@@ -511,6 +511,21 @@ class Coordinator:
             cursor=None if more is None else b64.b64u(more),
         )
         return Outcome(200, answer.model_dump())
+
+    async def _check_map(self, target: _Target, current: crdt.Value | None, r: int) -> None:
+        """Refuse a map operation on a key of another type. A map wins the merge over a set's
+        head, which shows no member itself: whether the set shows any is read from its rows."""
+        _check_type(current, crdt.KvMap, self.now_ms())
+        if isinstance(current, crdt.AWSet):
+            after: bytes | None = None
+            while True:
+                rows, bound = await self._read_rows(target, r, after, SET_PAGE)
+                shown = setrows.members(current, rows, self.now_ms())
+                if any(_within(m, after, bound) for m in shown):
+                    raise _bad("key holds a set")
+                if bound is None:
+                    return
+                after = bound
 
     # -- quorum machinery ------------------------------------------------------------------
 
