@@ -40,7 +40,7 @@ import contextlib
 import json
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -384,9 +384,7 @@ class Coordinator:
     ) -> None:
         """Remove every member observed, a page of rows at a time (each page one write round
         with the head, so an interrupted delete has removed whole pages)."""
-        after: bytes | None = None
-        while True:
-            rows, bound = await self._read_rows(target, r, after, SET_PAGE)
+        async for rows, after, bound in self._row_pages(target, r, None, SET_PAGE):
             found = dict(rows)
             legacy = [m for m in head.entries if _within(m, after, bound) and m not in found]
             observed = [m for m, row in rows if setrows.element(head, row, m).entries] + legacy
@@ -397,9 +395,6 @@ class Coordinator:
                 await self._write_checked(
                     [(target, head), *((target.row(m), row) for m, row in written.items())], w
                 )
-            if bound is None:
-                return
-            after = bound
 
     async def _members(
         self, request: schemas.KvRequest, target: _Target, r: int, w: int
@@ -439,15 +434,14 @@ class Coordinator:
     ) -> Outcome:
         head = await self._read(target, r)
         _check_type(head, crdt.AWSet, self.now_ms())
-        after = _cursor(request.cursor)
         found: list[bytes] = []
-        while isinstance(head, crdt.AWSet) and len(found) <= request.limit:
-            rows, bound = await self._read_rows(target, r, after, request.limit + 1)
-            shown = setrows.members(head, rows, self.now_ms())
-            found.extend(m for m in shown if _within(m, after, bound))
-            if bound is None:
-                break
-            after = bound
+        if isinstance(head, crdt.AWSet):
+            cursor = _cursor(request.cursor)
+            async for rows, after, bound in self._row_pages(target, r, cursor, request.limit + 1):
+                shown = setrows.members(head, rows, self.now_ms())
+                found.extend(m for m in shown if _within(m, after, bound))
+                if len(found) > request.limit:
+                    break
         page = found[: request.limit]
         more = page[-1] if len(found) > request.limit else None
         answer = schemas.KvMembers(
@@ -517,15 +511,10 @@ class Coordinator:
         head, which shows no member itself: whether the set shows any is read from its rows."""
         _check_type(current, crdt.KvMap, self.now_ms())
         if isinstance(current, crdt.AWSet):
-            after: bytes | None = None
-            while True:
-                rows, bound = await self._read_rows(target, r, after, SET_PAGE)
+            async for rows, after, bound in self._row_pages(target, r, None, SET_PAGE):
                 shown = setrows.members(current, rows, self.now_ms())
                 if any(_within(m, after, bound) for m in shown):
                     raise _bad("key holds a set")
-                if bound is None:
-                    return
-                after = bound
 
     # -- quorum machinery ------------------------------------------------------------------
 
@@ -747,6 +736,18 @@ class Coordinator:
         ]
         await self._carry_to_new(target, [target.row(m).item(value) for m, value in rows])
         return rows, None if bound is None else setrows.member_of(bound)
+
+    async def _row_pages(
+        self, target: _Target, r: int, after: bytes | None, limit: int
+    ) -> AsyncIterator[tuple[list[tuple[bytes, crdt.AWSet]], bytes | None, bytes | None]]:
+        """A set's rows page by page after the member `after` (`_read_rows`): each page's rows,
+        the member it starts after and the one it is exact up to (None: the rows end there)."""
+        while True:
+            rows, bound = await self._read_rows(target, r, after, limit)
+            yield rows, after, bound
+            if bound is None:
+                return
+            after = bound
 
     async def _carry_to_new(
         self, target: _Target, items: list[tuple[int, str, str, crdt.Value]]
