@@ -313,11 +313,14 @@ class Connections:
             subscription.last_acked = msg_id
 
     def answered(self, conn: Connection, held: Subscription) -> None:
-        """The ACK `acking` held frames for has queued its reply: send what waited."""
+        """The ACK `acking` held frames for has queued its reply: send what waited, but a push
+        of the message that ACK acknowledged (delivery sent it before the ACK reached it, as
+        `deliver` drops on arrival once `last_acked` names it)."""
         held.acks -= 1
         if held.ready and not held.acks:
             for frame in held.waiting:
-                conn.queue_frame(frame)
+                if frame["type"] != "MSG" or frame["msg_id"] != held.last_acked:
+                    conn.queue_frame(frame)
             held.waiting.clear()
 
     async def register_all(self) -> None:
