@@ -402,6 +402,9 @@ async def measure(
         "sent": sum(tracker.sent),
         "received": tracker.received,
         "missing": tracker.missing + undelivered + tracker.foreign,
+        # Of `missing`: acknowledged sends not received when the drain timed out (a backlog
+        # the receivers did not drain in time, not a gap: gaps and reorders are the rest).
+        "undelivered": undelivered,
         "duplicates": tracker.duplicates,
         "errors": tracker.send_errors + tracker.receive_errors,
         "stalls": tracker.stalls,
@@ -1155,6 +1158,7 @@ def print_report(label: str, results: dict[str, dict[str, Any]], args: argparse.
         ("ack>next p50", "ack_to_next_p50_ms"),
         ("sent", "sent"),
         ("missing", "missing"),
+        ("of which undrained", "undelivered"),
         ("dups", "duplicates"),
         ("errors", "errors"),
     ]
@@ -1218,6 +1222,7 @@ def json_summary(
                 "send_p99_ms",
                 "send_p999_ms",
                 "missing",
+                "undelivered",
                 "duplicates",
                 "errors",
                 "cpu_s_per_1000",
