@@ -415,6 +415,17 @@ async def _ack_and_next(ws: WsClient, ack: dict[str, Any]) -> dict[str, Any]:
     return msg
 
 
+async def _ack_with_the_inbox_held(relay: Relay, ws: WsClient, ack: dict[str, Any]) -> int:
+    """Send an ACK while the inbox is held, until its reply and the next push wait there;
+    returns how many inbox records came before them."""
+    relay.bus.hold(topics.INGRESS_INBOX)
+    before = len(relay.bus.on(topics.INGRESS_INBOX))
+    await ws.send(ack)
+    while len(relay.bus.on(topics.INGRESS_INBOX)) < before + 2:  # the reply, the push
+        await asyncio.sleep(0.01)
+    return before
+
+
 async def test_an_acks_ok_comes_before_the_next_msg_that_overtook_it(
     tmp_path: Path, redis_url: str
 ) -> None:
@@ -428,11 +439,7 @@ async def test_an_acks_ok_comes_before_the_next_msg_that_overtook_it(
         async with WsClient(relay.app) as ws:
             assert await ws.ask(_sub(recipient, queue, "s1")) == {"id": "s1", "ok": True}
             assert (await ws.receive())["msg_id"] == first
-            relay.bus.hold(topics.INGRESS_INBOX)
-            before = len(relay.bus.on(topics.INGRESS_INBOX))
-            await ws.send(_ack(recipient, queue, first, 2))
-            while len(relay.bus.on(topics.INGRESS_INBOX)) < before + 2:  # the reply, the push
-                await asyncio.sleep(0.01)
+            before = await _ack_with_the_inbox_held(relay, ws, _ack(recipient, queue, first, 2))
             kinds = [r.kind for r, _ in relay.bus.on(topics.INGRESS_INBOX)[before:]]
             assert kinds == ["queue_reply", "deliver"]
             relay.bus.release(topics.INGRESS_INBOX)
@@ -465,11 +472,7 @@ async def test_a_push_of_the_message_an_ack_acknowledged_is_dropped_not_held(
                 for r, p in relay.bus.on(topics.INGRESS_INBOX)
                 if isinstance(r, schemas.Deliver) and r.head and r.head.msg_id == first
             ]
-            relay.bus.hold(topics.INGRESS_INBOX)
-            before = len(relay.bus.on(topics.INGRESS_INBOX))
-            await ws.send(_ack(recipient, queue, first, 2))
-            while len(relay.bus.on(topics.INGRESS_INBOX)) < before + 2:  # the reply, the push
-                await asyncio.sleep(0.01)
+            await _ack_with_the_inbox_held(relay, ws, _ack(recipient, queue, first, 2))
             relay.bus.post(topics.INGRESS_INBOX, push, partition=slot)  # the stale push again
             relay.bus.release(topics.INGRESS_INBOX)
             assert await ws.receive() == {"id": 2, "ok": True}
