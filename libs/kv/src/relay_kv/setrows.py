@@ -82,12 +82,8 @@ def change(
         if member in add:
             state = state.add([member], version, expires_at)
         written[member] = state
-    return moved_out(head, written, version), written
-
-
-def moved_out(head: AWSet | None, members: Iterable[bytes], version: Version) -> AWSet:
-    """The head after an operation at `version` on `members`: their legacy entries dropped."""
-    return AWSet(updated=version) if head is None else head.remove(members, version)
+    # The head: the operation's version, and the touched members' legacy entries dropped.
+    return AWSet(updated=version) if head is None else head.remove(written, version), written
 
 
 def members(head: AWSet | None, rows: Iterable[tuple[bytes, AWSet]], now_ms: int) -> list[bytes]:
