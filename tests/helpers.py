@@ -362,7 +362,8 @@ def suite(
         if not line.startswith("Relay ready at "):
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(10)  # the exit code and stderr, not a race with the reaping
-            stderr = process.stderr.read() if process.returncode is not None else ""
+            exited = process.returncode is not None
+            stderr = process.stderr.read() if exited and process.stderr else ""
             raise AssertionError(f"no ready line: {line!r}, exit {process.returncode}: {stderr}")
         assert time.monotonic() - started < READY_BUDGET_S
         running.ready_line = line
