@@ -57,6 +57,8 @@ from rawhttp import RawHttp
 ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
 MIXES = {"write": 1.0, "read": 0.0, "mixed": 0.5}
+CLIENT_ERRORS = (OSError, asyncio.IncompleteReadError, ValueError)
+"""What a request through `RawHttp` raises when it got no answer."""
 
 
 def free_port() -> int:
@@ -320,7 +322,7 @@ async def run(
                 ok = await (
                     system.write(w, key, value) if rng.random() < mix else system.read(w, key)
                 )
-            except (OSError, asyncio.IncompleteReadError, ValueError, aioredis.RedisError):
+            except (*CLIENT_ERRORS, aioredis.RedisError):
                 ok = False
             latencies.append(time.perf_counter() - started)
             errors += not ok

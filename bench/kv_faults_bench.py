@@ -132,7 +132,7 @@ async def write_for(
             started = time.monotonic()
             try:
                 ok = await relay.write(w, rng.choice(keys), value)
-            except httpx.HTTPError:
+            except kv_bench.CLIENT_ERRORS:
                 ok = False
             finished = time.monotonic()
             longest = max(longest, finished - started)
@@ -202,7 +202,7 @@ async def write_all(relay: kv_bench.Relay, keys: list[str], clients: int, value:
                 try:
                     if await relay.write(w, key, value):
                         break
-                except httpx.HTTPError:
+                except kv_bench.CLIENT_ERRORS:
                     pass
                 retries += 1
                 await asyncio.sleep(0.05)
@@ -376,7 +376,7 @@ async def join_run(
         while not stop.is_set():
             try:
                 ok = await relay.write(w, rng.choice(keys), value)
-            except httpx.HTTPError:
+            except kv_bench.CLIENT_ERRORS:
                 ok = False
             done.append((time.monotonic() - began, ok))
 
