@@ -26,8 +26,10 @@ after the previous stopped):
   Relay's R=2). Each client task keeps one connection to one member, spread over the three.
 
 Figures per system, mix and client count: operations per second, p50 / p99 / max latency in
-ms (the average is not reported), errors (any answer but 200 / OK). The last line is the JSON
-summary with the machine and commit (`bench/report.py`).
+ms (the average is not reported), errors (any answer but 200 / OK), and `cpu_ms_per_op`: CPU
+milliseconds per operation of each server process and of the bench's own client (all share
+the two cores, so where the CPU goes is what bounds a saturated run). The last line is the
+JSON summary with the machine and commit (`bench/report.py`).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import json
 import os
 import random
@@ -50,6 +53,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
+import psutil
 import redis.asyncio as aioredis
 import report
 from rawhttp import RawHttp
@@ -84,6 +88,7 @@ class System(Protocol):
     async def open(self, workers: int) -> None: ...
     async def close(self) -> None: ...
     def stop(self) -> None: ...
+    def server_pids(self) -> dict[str, int]: ...
 
 
 class Relay:
@@ -134,6 +139,10 @@ class Relay:
                 self.stop()
                 raise RuntimeError(f"relayctl up failed: {self.log.read_text()[-2000:]}")
             time.sleep(0.2)
+
+    def server_pids(self) -> dict[str, int]:
+        state = json.loads((self.data_dir / "run" / "relayctl.json").read_text())
+        return {c["name"]: c["pid"] for c in state["children"] if c["pid"]}
 
     async def open(self, workers: int) -> None:
         address = httpx.URL(self.url)
@@ -216,6 +225,9 @@ class Etcd:
         except (httpx.HTTPError, ValueError):
             return False
 
+    def server_pids(self) -> dict[str, int]:
+        return {f"etcd-{i}": p.pid for i, p in enumerate(self.processes)}
+
     async def open(self, workers: int) -> None:
         addresses = [httpx.URL(url) for url in self.urls]
         self.clients = [
@@ -276,6 +288,9 @@ class Valkey:
         time.sleep(1.0)
         self.clients: list[Any] = []
 
+    def server_pids(self) -> dict[str, int]:
+        return {f"valkey-{i}": p.pid for i, p in enumerate(self.processes)}
+
     async def open(self, workers: int) -> None:
         self.clients = [
             aioredis.Redis(host="127.0.0.1", port=self.ports[0]) for _ in range(workers)
@@ -327,9 +342,12 @@ async def run(
             latencies.append(time.perf_counter() - started)
             errors += not ok
 
+    pids = {**system.server_pids(), "client": os.getpid()}
+    cpu_before = cpu_seconds(pids)
     began = time.monotonic()
     await asyncio.gather(*(worker(w) for w in range(clients)))
     elapsed = time.monotonic() - began
+    cpu = {n: t - cpu_before[n] for n, t in cpu_seconds(pids).items() if n in cpu_before}
     await system.close()
     latencies.sort()
 
@@ -342,7 +360,18 @@ async def run(
         "p99_ms": pct(0.99),
         "max_ms": round(latencies[-1] * 1000, 1),
         "errors": errors,
+        "cpu_ms_per_op": {n: round(t * 1000 / len(latencies), 3) for n, t in cpu.items() if t},
     }
+
+
+def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
+    """User and system CPU seconds so far of each process still running."""
+    out = {}
+    for name, pid in pids.items():
+        with contextlib.suppress(psutil.Error):
+            times = psutil.Process(pid).cpu_times()
+            out[name] = times.user + times.system
+    return out
 
 
 async def preload(system: System, keys: list[str], value: bytes) -> None:

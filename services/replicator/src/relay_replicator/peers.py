@@ -44,6 +44,10 @@ log = structlog.get_logger(__name__)
 _JSON = {"content-type": "application/json"}
 _TRANSPORT = (aiohttp.ClientError, TimeoutError)
 """What a call that got no answer raises (refused, reset, timed out)."""
+_IDLE_CLOSE_S = 2.0
+"""An idle pooled connection is closed after this, well before a peer's server closes it
+(`RELAY_HTTP__KEEP_ALIVE_TIMEOUT_S`, 5 s by default): a call never goes out on a connection
+the peer is closing at that moment, which would fail it and mark the peer down."""
 
 
 class PeerError(Exception):
@@ -172,7 +176,9 @@ class Peers:
         1.2 ms against 0.4), time a loaded replicator's event loop spent on its client."""
         if self._session is None:
             self._session = aiohttp.ClientSession(
-                headers=self._headers, timeout=aiohttp.ClientTimeout(total=self.timeout_s)
+                connector=aiohttp.TCPConnector(keepalive_timeout=_IDLE_CLOSE_S),
+                headers=self._headers,
+                timeout=aiohttp.ClientTimeout(total=self.timeout_s),
             )
         headers = _JSON if body is not None else None
         async with self._session.request(method, url, data=body, headers=headers) as response:
