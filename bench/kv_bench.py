@@ -3,13 +3,15 @@ replicators) against etcd (three members) and Valkey with two replicas, in one r
 
     .venv/bin/python bench/kv_bench.py
         options (defaults): --keys 2000 --clients 4,16 --seconds 10 --value-bytes 256
-        --only relay|etcd|valkey (repeatable)
+        --warmup 20 --only relay|etcd|valkey (repeatable)
 
 One workload, one asyncio client structure, each system alone on the machine (the next starts
 after the previous stopped):
-- `--keys` K keys are written once (256-byte values), then for each client count C and each
-  mix (write-only, read-only, 50/50) C tasks issue requests one after another for `--seconds`,
-  each on a uniformly random key, each awaiting its answer;
+- `--keys` K keys are written once (256-byte values), then `--warmup` seconds of the 50/50 mix
+  at the largest client count go unmeasured (Kafka's broker is a JVM: its JIT takes tens of
+  seconds to reach steady state, decision 0013; every system gets the same), then for each
+  client count C and each mix (write-only, read-only, 50/50) C tasks issue requests one after
+  another for `--seconds`, each on a uniformly random key, each awaiting its answer;
 - Relay: `relayctl up --replicators 3` (one ingress, Apache Kafka, three replicator processes
   on loopback) in a temp data dir; a namespace with n=3, r=2, w=2; `PUT` / `GET /v1/kv/...`
   over one keep-alive HTTP/1.1 connection per task (`bench/rawhttp.py`; etcd's too: httpx
@@ -389,6 +391,9 @@ def main() -> None:
     parser.add_argument("--clients", default="4,16")
     parser.add_argument("--seconds", type=float, default=10)
     parser.add_argument("--value-bytes", type=int, default=256)
+    parser.add_argument(
+        "--warmup", type=float, default=20, help="unmeasured seconds of 50/50 first, per system"
+    )
     parser.add_argument("--only", action="append", choices=["relay", "etcd", "valkey"])
     options = parser.parse_args()
     counts = [int(c) for c in options.clients.split(",")]
@@ -398,6 +403,7 @@ def main() -> None:
         "keys": options.keys,
         "value_bytes": options.value_bytes,
         "seconds": options.seconds,
+        "warmup_s": options.warmup,
     }
     (ROOT / "var").mkdir(exist_ok=True)
     for make in (Relay, Etcd, Valkey):
@@ -407,6 +413,8 @@ def main() -> None:
             system: Any = make(Path(work))
             try:
                 asyncio.run(preload(system, keys, value))
+                if options.warmup:  # unmeasured: a JIT (Kafka's broker) reaches steady state
+                    asyncio.run(run(system, keys, max(counts), 0.5, options.warmup, value))
                 for clients in counts:
                     for mix_name, mix in MIXES.items():
                         found = asyncio.run(run(system, keys, clients, mix, options.seconds, value))
