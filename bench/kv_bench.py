@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
-import contextlib
 import json
 import os
 import random
@@ -55,9 +54,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
-import psutil
 import redis.asyncio as aioredis
 import report
+from cpu import cpu_seconds
 from rawhttp import RawHttp
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -364,16 +363,6 @@ async def run(
         "errors": errors,
         "cpu_ms_per_op": {n: round(t * 1000 / len(latencies), 3) for n, t in cpu.items() if t},
     }
-
-
-def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
-    """User and system CPU seconds so far of each process still running."""
-    out = {}
-    for name, pid in pids.items():
-        with contextlib.suppress(psutil.Error):
-            times = psutil.Process(pid).cpu_times()
-            out[name] = times.user + times.system
-    return out
 
 
 async def preload(system: System, keys: list[str], value: bytes) -> None:

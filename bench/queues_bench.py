@@ -96,9 +96,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import psutil
 import report
 import websockets
+from cpu import cpu_seconds
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from rawhttp import RawHttp
@@ -316,15 +316,6 @@ class System:
     def stop(self) -> None:
         """Stop the server processes (synchronous; after the event loop has ended)."""
         raise NotImplementedError
-
-
-def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
-    out = {}
-    for name, pid in pids.items():
-        with contextlib.suppress(psutil.Error):
-            times = psutil.Process(pid).cpu_times()
-            out[name] = times.user + times.system
-    return out
 
 
 async def measure(
