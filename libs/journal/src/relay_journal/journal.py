@@ -425,11 +425,14 @@ class QueueJournal:
         ts_ms: int,
         expires_ms: int = 0,
         key: bytes = b"",
+        marker: bool = False,
     ) -> int:
         """Append a message; returns its lsn. At the quota the first refusal appends the quota
         marker; refusals raise `QuotaExceeded` or `QueueSuspended`. A `key` (1 to 255 bytes,
         the caller's name for this send, unique across queues) is logged in the message's
-        record and answered by `sent` from then on; a refused write logs no key.
+        record and answered by `sent` from then on; a refused write logs no key. `marker`
+        appends the quota marker below the quota too: a queue copied from another whose
+        marker outlived the messages before it (acked or expired) is rebuilt as it was.
 
         The hot path of the engine: it encodes the message once and the log record from it,
         with no intermediate record object (a replay of the record goes through `apply`)."""
@@ -451,7 +454,7 @@ class QueueJournal:
             raise errors.QueueSuspended(queue_id)
         if not state.can_write:
             raise errors.QuotaExceeded(queue_id)
-        quota = state.size >= self._max_queue_messages
+        quota = marker or state.size >= self._max_queue_messages
         write = state.write
         # Rotate at `max_file_messages`. A queue that was drained goes on in the same file (read
         # and write positions meet there): a fresh file per message of a queue read as fast as

@@ -30,6 +30,7 @@ move, reaching the new owner, is stored again (decision 0019, still to do).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -160,11 +161,10 @@ def put_queue(journal: QueueJournal, store: StoreLog, queue: QueueState, *, held
     seq = store.new(queue.record)
     for m in queue.messages:
         if m.quota:
-            try:
-                journal.write(queue_id, m.msg_id, b"", ts_ms=m.ts_ms)
-            except journal_errors.QuotaExceeded:
-                continue
-            raise ValueError(f"queue {queue_id}: quota marker below this journal's quota")
+            # Below the quota too: the messages before it may have been acked or expired.
+            with contextlib.suppress(journal_errors.QuotaExceeded):
+                journal.write(queue_id, m.msg_id, b"", ts_ms=m.ts_ms, marker=True)
+            continue
         journal.write(queue_id, m.msg_id, m.body, ts_ms=m.ts_ms, expires_ms=m.expires_ms)
     if queue.suspended:
         journal.suspend(queue_id)
