@@ -229,3 +229,21 @@ def test_a_sweep_limited_to_served_partitions_leaves_a_kept_copy_alone(source: E
     assert ps.digest(source.state(1)) == kept
     assert ps.digest(source.state(2)) != served
     assert [ids.partition_of(e.queue, PARTITIONS) for e in source.rules.expire(later)] == [1]
+
+
+def test_a_quota_marker_that_outlived_the_messages_before_it_is_installed_as_it_is(
+    source: Engines, target: Engines
+) -> None:
+    """A full queue whose messages expired: only its quota marker is left, below the quota.
+    Installed elsewhere (a partition move), the queue is the same marker, not an error."""
+    queue, sender, _ = _queue_on(source.rules, 1)
+    for n in range(3):
+        _send(source.rules, sender, b"m%d" % n, ttl_s=1)
+    assert source.rules.send(sender, ids.new_id(), b"over", None, NOW).status == 429
+    assert [e.queue for e in source.rules.expire(NOW + 2000)] == [queue]
+    state = source.state(1)
+    (left,) = state.queues
+    assert [m.quota for m in left.messages] == [True]
+
+    ps.install(target.journal, target.store, state)
+    assert ps.digest(target.state(1)) == ps.digest(state)
