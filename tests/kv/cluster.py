@@ -137,6 +137,9 @@ class Cluster:
     redis_url: str
     names: tuple[str, ...] = ("A", "B", "C", "D")
     env: dict[str, str] = field(default_factory=dict)
+    direct: bool = False
+    """Replicators name each other by their own ports (no link proxies, nothing to cut): a
+    killed one's address refuses connections, as a stopped process's does."""
     replicator_env: dict[str, dict[str, str]] = field(default_factory=dict)
     """Extra environment of one replicator (by name), kept across its restarts."""
     replicators: dict[str, Replicator] = field(default_factory=dict)
@@ -191,7 +194,9 @@ class Cluster:
     def _start_replicator(self, name: str) -> None:
         me = self.replicators[name]
         peers = [me.url] + [
-            f"http://127.0.0.1:{self.links[(name, other)].port}"
+            self.replicators[other].url
+            if self.direct
+            else f"http://127.0.0.1:{self.links[(name, other)].port}"
             for other in self.names
             if other != name
         ]

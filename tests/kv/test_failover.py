@@ -56,3 +56,39 @@ def test_without_sending_again_the_same_write_is_indeterminate(
     """The control: the request the dead coordinator had read is lost with it."""
     status, text = run(tmp_path, kafka, redis_url, RELAY_KV_RESEND_S="60")
     assert status == 504, text
+
+
+def test_a_killed_coordinators_partitions_go_to_the_others_before_its_session_ends(
+    tmp_path: Path, kafka: helpers.Kafka, redis_url: str
+) -> None:
+    """Its peers find its address refusing connections and remove it from the consumer group
+    (`Bus.remove_static_member`): a write on one of its partitions is answered by another
+    replicator within seconds, where its 30 s session would hold the partition to its end."""
+    env = {**FAST, "RELAY_KAFKA__SESSION_TIMEOUT_MS": "30000"}
+    names = ("A", "B", "C")
+    running = kvc.Cluster(tmp_path, kafka, redis_url, names=names, env=env, direct=True)
+    try:
+        running.start()
+        client = kvc.Client(running.ingress_url)
+        made = client.namespace("app", n=3, r=2, w=2)
+        assert made.status_code == 200, made.text
+        client.token = made.json()["token"]
+        theirs = set(running.wait_for_partitions()["A"])
+        keys = [f"key-{i}" for i in range(1000)]
+        on_a = next(k for k in keys if placement.shard_of("app", k) % PARTITIONS in theirs)
+        elsewhere = next(k for k in keys if placement.shard_of("app", k) % PARTITIONS not in theirs)
+        running.kill("A")
+        killed = time.monotonic()
+        # A live coordinator's write reaches A as a replica, which refuses the connection.
+        assert client.put("app", elsewhere, b"seen").status_code == 200
+        found = client.put("app", on_a, b"kept")
+        assert found.status_code == 200, found.text
+        assert time.monotonic() - killed < 10
+        held = [
+            p
+            for n in names[1:]
+            for p in running.replicators[n].get("/internal/kv/status")["partitions"]
+        ]
+        assert sorted(held) == list(range(PARTITIONS))
+    finally:
+        running.stop()

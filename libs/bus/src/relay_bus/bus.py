@@ -32,7 +32,7 @@ from typing import Any
 import structlog
 from prometheus_client import Counter
 
-from relay_bus import clients, schemas, topics
+from relay_bus import clients, schemas, static_members, topics
 from relay_bus.config import KafkaSettings
 from relay_bus.consumers import Consumer, Handler, Revoked, StartOffsets, UnreadableHandler
 from relay_runtime import exits
@@ -332,6 +332,19 @@ class Bus:
             yield consumer
         finally:
             await consumer.stop()
+
+    async def remove_static_member(self, group_id: str, member: str) -> bool:
+        """Remove the static member `member` (`Consumer.member`) from `group_id`, known dead:
+        its partitions go to the live members now, not when its session expires
+        (`relay_bus.static_members`). True if it was removed; False if it was no member or
+        Kafka did not answer (logged: the member's session expires all the same)."""
+        assert self._admin is not None, "bus not started"
+        group = self.settings.topic_prefix + group_id
+        try:
+            return await static_members.remove(self._admin, group, member)
+        except (clients.KafkaError, OSError, TimeoutError) as error:
+            log.warning("static_member_not_removed", group=group, member=member, error=repr(error))
+            return False
 
     async def committed_offsets(
         self, topic: str, group_id: str, partitions: Sequence[int]

@@ -1,4 +1,5 @@
-"""The Kafka clients Relay uses (aiokafka), configured once. The only module importing them.
+"""The Kafka clients Relay uses (aiokafka), configured once. The only module importing them, with
+`relay_bus.static_members` (one request aiokafka does not make).
 
 Why aiokafka: the services are asyncio programs (FastAPI, WebSockets); aiokafka is faust's
 client, and commits, resumes, rebalances and produces idempotently against Apache Kafka. The

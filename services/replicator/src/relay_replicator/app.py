@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+import structlog
 from starlette.applications import Starlette
 
 from relay_bus import ping, schemas, topics
@@ -31,6 +32,7 @@ from relay_replicator.sync import Sync
 from relay_runtime.probes import probe_routes
 from relay_runtime.readiness import Readiness
 
+log = structlog.get_logger(__name__)
 SERVICE = "replicator"
 GROUP = "relay.replicator"
 
@@ -86,9 +88,17 @@ def build(config: ReplicatorSettings) -> tuple[Starlette, BusLifecycle]:
         else:
             await forward(received)
 
-    # A static member: a replicator restarted under its name takes its partitions back at once
-    # instead of waiting out the killed process's session (kv_faults_bench: ready 5.4 s).
-    consumer = bus.consumer(topics.REPLICATION, handle, group_id=GROUP, member=config.instance)
+    # A static member named by its site: a replicator restarted under its name takes its
+    # partitions back at once instead of waiting out the killed process's session
+    # (kv_faults_bench: ready 5.4 s), and one whose site is gone (its address refuses
+    # connections) is removed by the peers that see it, so its partitions go to them at once.
+    consumer = bus.consumer(topics.REPLICATION, handle, group_id=GROUP, member=site)
+
+    async def gone(other: str) -> None:
+        removed = await bus.remove_static_member(GROUP, other)
+        log.info("kv_coordinator_removed", site=other, removed=removed)
+
+    peers.on_gone = gone
 
     async def open_store() -> None:
         store.open()

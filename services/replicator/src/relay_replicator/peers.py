@@ -16,6 +16,9 @@ it was.
 Failure detection is passive: a call that fails (refused, timed out, 5xx) marks the site down for
 `down_s`; while down it is not reachable, so quorums plan without it (UNAVAILABLE rather than a
 wasted wait, hints for it) and the hint replayer probes it. A call that succeeds marks it up.
+A site whose address refuses connections is gone (its process stopped: a slow or cut-off one
+would not refuse), and `on_gone` is told, once until it is up again; a first failure of
+another kind (a reset, a timeout) is followed by one probe, which tells the two apart.
 
 Invariants: every call has a timeout (`timeout_s`); a peer's error never escapes as anything but
 `PeerError`; the readiness condition `members` is true once there is a view and the URL of every
@@ -29,6 +32,7 @@ import contextlib
 import json
 import os
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +108,11 @@ class Peers:
         self._self_urls: set[str] = set()
         """URLs of the list that turned out to be this replicator."""
         self._announced: set[str] = set()
+        self.on_gone: Callable[[str], Awaitable[None]] | None = None
+        """Told that a site's process is gone (its address refused a connection), once until
+        the site is up again."""
+        self._gone: set[str] = set()
+        self._checks: set[asyncio.Task[Any]] = set()
         readiness.register("members")
 
     # -- membership --------------------------------------------------------------------------
@@ -162,9 +171,10 @@ class Peers:
             os.close(directory)
 
     async def stop(self) -> None:
-        if self._resolver is not None:
-            self._resolver.cancel()
-            await asyncio.gather(self._resolver, return_exceptions=True)
+        tasks = [*self._checks, *([self._resolver] if self._resolver is not None else [])]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         if self._session is not None:
             await self._session.close()
 
@@ -391,8 +401,31 @@ class Peers:
         self._down_until[site] = time.monotonic() + self.down_s
 
     def mark_up(self, site: str) -> None:
+        self._gone.discard(site)
         if self._down_until.pop(site, None) is not None:
             log.info("kv_peer_up", site=site)
+
+    def _failed(self, site: str, error: BaseException) -> None:
+        """A call to `site` got no answer: down; gone if its address refused the connection;
+        probed once if this first failure says neither."""
+        first = not self.is_down(site)
+        self.mark_down(site)
+        if self.on_gone is None:
+            return
+        if isinstance(error, aiohttp.ClientConnectorError) and isinstance(
+            error.os_error, ConnectionRefusedError
+        ):
+            if site not in self._gone:
+                self._gone.add(site)
+                log.info("kv_peer_gone", site=site)
+                self._spawn(self.on_gone(site))
+        elif first:
+            self._spawn(self.probe(site))
+
+    def _spawn(self, work: Awaitable[Any]) -> None:
+        task = asyncio.ensure_future(work)
+        self._checks.add(task)
+        task.add_done_callback(self._checks.discard)
 
     # -- calls -------------------------------------------------------------------------------
 
@@ -407,7 +440,7 @@ class Peers:
         try:
             status, answer = await self._http("POST", f"{url}{path}", encoded)
         except _TRANSPORT as error:
-            self.mark_down(site)
+            self._failed(site, error)
             raise PeerError(f"{site}: {type(error).__name__}") from None
         if status >= 500:
             self.mark_down(site)
@@ -426,7 +459,7 @@ class Peers:
         try:
             status, answer = await self._http("GET", f"{url}{path}")
         except _TRANSPORT as error:
-            self.mark_down(site)
+            self._failed(site, error)
             raise PeerError(f"{site}: {type(error).__name__}") from None
         if status >= 400:
             if status >= 500:
@@ -442,7 +475,10 @@ class Peers:
         try:
             status, answer = await self._http("GET", f"{url}/internal/kv/site")
             ok = status == 200 and json.loads(answer).get("site") == site
-        except (*_TRANSPORT, ValueError):
+        except _TRANSPORT as error:
+            self._failed(site, error)
+            return False
+        except ValueError:
             ok = False
         if ok:
             self.mark_up(site)
