@@ -73,7 +73,7 @@ async def remove(admin: clients.AIOKafkaAdminClient, group_id: str, instance_id:
     answer = await admin._send_request_to_node(node, _LeaveGroup(group_id, instance_id))
     if answer.error_code:
         raise for_code(answer.error_code)(f"LeaveGroup {group_id}")
-    (_, _, code), *_ = answer.members
+    code = answer.members[0][2] if answer.members else _UNKNOWN_MEMBER_ID
     if code == _UNKNOWN_MEMBER_ID:
         return False
     if code:
