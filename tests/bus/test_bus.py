@@ -308,6 +308,35 @@ async def test_a_wiped_broker_log_recreates_topics_and_rereads_from_the_start(
     await bus.stop()
 
 
+async def test_the_keeper_checks_topics_every_tenth_round_and_recreates_a_deleted_one(
+    kafka: Kafka, admin: clients.AIOKafkaAdminClient
+) -> None:
+    """Between topic checks a keeper round reads only the epoch (one fetch, no metadata
+    requests); a topic deleted under the running bus is back after a later topic check."""
+    bus = Bus(_settings(kafka, topic_check_interval_s=0.05), client_id="t", readiness=Readiness())
+    await bus.start(5)
+    checked = bus.ensure_topics
+    checks = 0
+
+    async def counted() -> list[str]:
+        nonlocal checks
+        checks += 1
+        return await checked()
+
+    bus.ensure_topics = counted  # type: ignore[method-assign]
+    events = kafka.prefix + topics.QUEUE_EVENTS
+    await admin.delete_topics([events])
+    deadline = asyncio.get_running_loop().time() + 20
+    while events not in await admin.list_topics():
+        assert asyncio.get_running_loop().time() < deadline, "the deleted topic is not back"
+        await asyncio.sleep(0.1)
+    assert checks >= 1
+    before = checks
+    await asyncio.sleep(1.5)  # at most 30 rounds
+    assert checks - before <= 4, f"{checks - before} topic checks in 30 rounds"
+    await bus.stop()
+
+
 async def test_send_without_a_broker_raises_unavailable_within_its_budget(
     own_kafka: Kafka,
 ) -> None:

@@ -7,12 +7,13 @@ Invariants:
   has fewer brokers than the replication factor);
 - every topic and consumer group name is the logical name (`relay_bus.topics`) behind
   `KafkaSettings.topic_prefix`; callers only ever see logical names;
-- the keeper checks every `topic_check_interval_s` that the topics exist and that the broker's
-  log is the one this process has been reading. A log wiped under running services (a volume
-  lost, a cluster rebuilt) is detected through the epoch record at offset 0 of `relay.epoch`:
-  the keeper recreates missing topics and tells every consumer to read again from offset 0,
-  because old positions point past the end of the new log. Handlers are idempotent, so reading
-  again is safe;
+- the keeper checks every `topic_check_interval_s` that the broker's log is the one this
+  process has been reading, and every `TOPICS_EVERY` rounds (and in a round that finds the
+  epoch missing or new, or follows a failed one) that the topics exist. A log wiped under
+  running services (a volume lost, a cluster rebuilt) is detected through the epoch record at
+  offset 0 of `relay.epoch`: the keeper recreates missing topics and tells every consumer to
+  read again from offset 0, because old positions point past the end of the new log. Handlers
+  are idempotent, so reading again is safe;
 - readiness condition `kafka` is true only while the last check succeeded (a check that fails
   in any way counts as not answered: the keeper never stops); each consumer's
   condition follows its `assigned` as it changes (a restarted group member is ready the moment
@@ -53,6 +54,10 @@ SEND_BUDGET_S = 5.0
 SEND_RETRY_S = 0.2
 DESCRIBE_TRIES = 25
 DESCRIBE_RETRY_S = 0.2
+TOPICS_EVERY = 10
+"""Keeper rounds per topic check. The other rounds read only the epoch (one fetch, no metadata:
+a topic check is two metadata requests, three quarters of an idle service's keeper CPU); a lost
+log shows there as a missing or new epoch, which checks the topics in the same round."""
 STOP_BUDGET_S = 5.0
 """Longest `stop()` waits for a Kafka client to flush and close."""
 
@@ -130,7 +135,9 @@ class Bus:
         await self._producer.start()
         self._epoch_reader = clients.consumer(self.settings, self.client_id, None)
         await self._epoch_reader.start()
-        self._epoch_reader.assign([clients.TopicPartition(self.physical(topics.EPOCH), 0)])
+        epoch_partition = clients.TopicPartition(self.physical(topics.EPOCH), 0)
+        self._epoch_reader.assign([epoch_partition])
+        self._epoch_reader.pause(epoch_partition)
         self.epoch = await self._read_epoch()
         for consumer in self.consumers:
             await consumer.start()
@@ -230,17 +237,26 @@ class Bus:
                 raise clients.KafkaError(f"describing {d['topic']} failed: {d['error_code']}")
         return described
 
-    async def _read_epoch(self) -> str:
-        """The epoch at offset 0 of `relay.epoch`, writing one first if the topic is empty."""
+    async def _read_epoch(self, *, write: bool = True) -> str | None:
+        """The epoch at offset 0 of `relay.epoch`, writing one first if the topic is empty
+        (None instead when not `write`)."""
         assert self._epoch_reader is not None
         tp = clients.TopicPartition(self.physical(topics.EPOCH), 0)
         for _ in range(2):
+            # Paused but for this read: an assigned partition is otherwise fetched from again
+            # and again (a long poll every `fetch_max_wait_ms`) for records never read.
             self._epoch_reader.seek(tp, 0)
-            batch = await self._epoch_reader.getmany(tp, timeout_ms=1000, max_records=1)
+            self._epoch_reader.resume(tp)
+            try:
+                batch = await self._epoch_reader.getmany(tp, timeout_ms=1000, max_records=1)
+            finally:
+                self._epoch_reader.pause(tp)
             for message in batch.get(tp, []):
                 record = schemas.decode(message.value)
                 if isinstance(record, schemas.Epoch) and message.offset == 0:
                     return record.epoch
+            if not write:
+                return None
             # Several processes may race here; whichever record lands at offset 0 wins.
             await self.send(
                 topics.EPOCH,
@@ -251,17 +267,24 @@ class Bus:
 
     async def _keep(self) -> None:
         healthy = True
+        rounds = 0
         while True:
             await asyncio.sleep(self.settings.topic_check_interval_s)
-            healthy = await self.check(healthy)
+            rounds += 1
+            healthy = await self.check(healthy, full=not healthy or rounds % TOPICS_EVERY == 0)
 
-    async def check(self, healthy: bool = True) -> bool:
-        """One keeper round: the topics and the epoch; returns whether Kafka answered. Never
-        raises (the keeper must outlive any failure: writing a missing epoch record to a broker
-        that just went away raised `BusUnavailableError`, which ended the keeper for good)."""
+    async def check(self, healthy: bool = True, *, full: bool = True) -> bool:
+        """One keeper round: the epoch, and the topics when `full` or when the epoch is not
+        the one this process has been reading (missing or new); returns whether Kafka answered.
+        Never raises (the keeper must outlive any failure: writing a missing epoch record to a
+        broker that just went away raised `BusUnavailableError`, which ended the keeper for
+        good)."""
         try:
-            created = await self.ensure_topics()
-            epoch = await self._read_epoch()
+            created: list[str] = []
+            epoch = None if full else await self._read_epoch(write=False)
+            if epoch is None or epoch != self.epoch:
+                created = await self.ensure_topics()
+                epoch = await self._read_epoch()
         except Exception as error:
             if healthy:
                 log.warning("kafka_unavailable", error=str(error) or type(error).__name__)

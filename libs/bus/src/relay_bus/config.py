@@ -64,7 +64,8 @@ class KafkaSettings(BaseModel):
     own resume point (the queue-writer): in the background, off the record path (0: after every
     batch). Every other consumer commits after every batch."""
     topic_check_interval_s: float = Field(1.0, gt=0, le=300)
-    """How often each service checks that its topics exist and the broker kept its log."""
+    """How often each service checks that the broker kept its log (the epoch record); every
+    `relay_bus.bus.TOPICS_EVERY`th time, also that its topics exist."""
 
     @field_validator("bootstrap_servers")
     @classmethod
