@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import collections
 import json
 import os
 import random
@@ -109,6 +110,8 @@ class Relay:
         made.raise_for_status()
         self.token = made.json()["token"]
         self.clients: list[RawHttp] = []
+        self.failures: collections.Counter[str] = collections.Counter()
+        """Answers other than 200, by status and the API's error code."""
 
     def start(self, env: dict[str, str] | None = None) -> None:
         """`relayctl up --replicators 3` on `data_dir` (new or used), until its ready line;
@@ -154,11 +157,18 @@ class Relay:
 
     async def write(self, worker: int, key: str, value: bytes) -> bool:
         body = json.dumps({"value": b64u(value)}).encode()
-        status, _ = await self.clients[worker].request("PUT", f"/v1/kv/bench/{key}", body)
-        return status == 200
+        return self._ok(*await self.clients[worker].request("PUT", f"/v1/kv/bench/{key}", body))
 
     async def read(self, worker: int, key: str) -> bool:
-        status, _ = await self.clients[worker].request("GET", f"/v1/kv/bench/{key}")
+        return self._ok(*await self.clients[worker].request("GET", f"/v1/kv/bench/{key}"))
+
+    def _ok(self, status: int, body: bytes) -> bool:
+        if status != 200:
+            try:
+                code = json.loads(body)["error"]
+            except (ValueError, KeyError, TypeError):
+                code = "?"
+            self.failures[f"{status} {code}"] += 1
         return status == 200
 
     async def close(self) -> None:
