@@ -66,9 +66,9 @@ def test_an_online_export_while_writers_run_verifies_clean(tmp_path: Path) -> No
                         acked.append((time.monotonic(), "send"))
                         n += 1
 
-            def publish_until_stopped() -> None:
+            def publish_until_stopped(offset: int) -> None:
                 with httpx.Client(base_url=url, timeout=20) as own:
-                    n = 0
+                    n = offset
                     while not stop.is_set():
                         payload = b64u(b"%d" % n)
                         body = {"topic": f"dev/{n % 10}/state", "payload": payload, "retain": True}
@@ -81,7 +81,12 @@ def test_an_online_export_while_writers_run_verifies_clean(tmp_path: Path) -> No
                         n += 1
 
             writers = [threading.Thread(target=send_until_stopped, args=(k * 7,)) for k in range(2)]
-            writers.append(threading.Thread(target=publish_until_stopped))
+            # Three: the retainer's export can take a few tens of milliseconds, and on a loaded
+            # machine one writer's next write (two round trips) missed it (0 writes during).
+            publishers = [
+                threading.Thread(target=publish_until_stopped, args=(k << 20,)) for k in range(3)
+            ]
+            writers += publishers
             for writer in writers:
                 writer.start()
             try:
