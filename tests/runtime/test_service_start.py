@@ -10,6 +10,10 @@ import sys
 import pytest
 
 SERVICES = ["archiver", "delivery", "ingress", "queue-writer", "replicator", "retainer"]
+LOADED_EXTRAS = (
+    'sorted(m for m, v in sys.modules.items() if v and m.split(".")[0] in ("rich", "pygments"))'
+)
+"""An expression, in the child: the modules of `rich` and `pygments` it imported."""
 
 
 @pytest.mark.parametrize("service", SERVICES)
@@ -22,11 +26,11 @@ try:
     from {package}.main import main
     main()
 finally:
-    print(sorted(m for m, v in sys.modules.items() if v and m.split(".")[0] in _EXTRAS))
+    print({LOADED_EXTRAS})
     print("{package}.app" in sys.modules, "structlog" in sys.modules)
 """
     ran = subprocess.run(
-        [sys.executable, "-c", "_EXTRAS = ('rich', 'pygments')" + code],
+        [sys.executable, "-c", code],
         env={"RELAY_HTTP__PORT": "not-a-port", "PATH": ""},
         capture_output=True,
         text=True,
@@ -38,7 +42,7 @@ finally:
 
 
 def test_logs_and_tracebacks_render_without_rich() -> None:
-    code = """
+    code = f"""
 import gc, sys
 from relay_runtime.start import service_imports
 with service_imports():
@@ -50,7 +54,7 @@ try:
     1 / 0
 except ZeroDivisionError:
     structlog.get_logger("t").exception("failed", n=1)
-print(sorted(m for m, v in sys.modules.items() if v and m.split(".")[0] in ("rich", "pygments")))
+print({LOADED_EXTRAS})
 """
     ran = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True

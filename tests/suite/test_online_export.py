@@ -83,10 +83,9 @@ def test_an_online_export_while_writers_run_verifies_clean(tmp_path: Path) -> No
             writers = [threading.Thread(target=send_until_stopped, args=(k * 7,)) for k in range(2)]
             # Three: the retainer's export can take a few tens of milliseconds, and on a loaded
             # machine one writer's next write (two round trips) missed it (0 writes during).
-            publishers = [
+            writers += [
                 threading.Thread(target=publish_until_stopped, args=(k << 20,)) for k in range(3)
             ]
-            writers += publishers
             for writer in writers:
                 writer.start()
             try:
