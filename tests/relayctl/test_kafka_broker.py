@@ -3,12 +3,13 @@ anything else is refused with one line before a JVM starts the broker."""
 
 from __future__ import annotations
 
+import json
 import socket
 from pathlib import Path
 
 import pytest
 
-from relayctl import kafka_broker
+from relayctl import kafka_broker, kafka_classes
 from tests import helpers
 
 
@@ -95,3 +96,36 @@ def test_kafka_opts_reach_the_brokers_jvm(tmp_path: Path, monkeypatch: pytest.Mo
     assert command[main - 4 : main - 2] == ["-XX:TieredStopAtLevel=1", "-Dkafka.test=a b"]
     monkeypatch.delenv("KAFKA_OPTS")
     assert "-XX:TieredStopAtLevel=1" not in kafka_broker.prepare(node, [node])
+
+
+def test_a_node_loads_its_classes_from_the_archive_setup_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`./dev setup` makes the broker's class archive (`relayctl.kafka_classes`); a node's JVM
+    maps it and loads the broker's classes from it, not from the jars."""
+    assert kafka_classes.current(), "no class archive made by this Java: ./dev setup makes it"
+    loaded = tmp_path / "loaded.txt"
+    monkeypatch.setenv("KAFKA_OPTS", f"-Xlog:class+load=info:file={loaded}")
+    cluster = helpers.KafkaCluster(tmp_path / "cluster")
+    cluster.start()
+    cluster.kill()
+    server = [line for line in loaded.read_text().splitlines() if " kafka.Kafka " in line]
+    assert server, "the node's JVM logged no class loads"
+    assert server[0].endswith("source: shared objects file (top)"), server[0]
+
+
+def test_an_archive_of_another_size_than_recorded_is_never_mapped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A truncated archive crashes a JDK 17 JVM that maps it (SIGBUS: it checks the header,
+    not the length); a node is given the archive only at the size recorded once it was whole."""
+    monkeypatch.setenv("RELAY_KAFKA_JARS", str(tmp_path / "jars"))
+    archive, record = kafka_broker.class_archive(), kafka_broker.class_archive_record()
+    archive.write_bytes(b"\0" * 100)
+    assert kafka_broker.class_archive_options() == []  # no record: being made, or never
+    record.write_text(json.dumps({"size": 100, "java": "the Java that made it"}))
+    assert kafka_broker.class_archive_options() == [f"-XX:SharedArchiveFile={archive}"]
+    archive.write_bytes(b"\0" * 60)
+    assert kafka_broker.class_archive_options() == []
+    record.write_text("{not json")
+    assert kafka_broker.class_archive_options() == []
