@@ -1,4 +1,5 @@
-"""`relayctl journal ...`: offline maintenance of a queue-writer's journal (stop it first)."""
+"""`relayctl journal ...`: offline maintenance of a queue-writer's journal (stop it first).
+`relay_journal` is imported by these commands only, not by every `relayctl`."""
 
 from __future__ import annotations
 
@@ -8,10 +9,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-
-from relay_journal import errors, layout
-from relay_journal.journal import QueueJournal
-from relay_journal.settings import JournalSettings
 
 app = typer.Typer(
     help="Queue journal maintenance (run while the queue-writer is stopped).", no_args_is_help=True
@@ -25,6 +22,8 @@ Root = Annotated[
 @contextmanager
 def _journal_errors() -> Iterator[None]:
     """A journal refusal (bad layout, damaged root) is one line on stderr and exit 1."""
+    from relay_journal import errors
+
     try:
         yield
     except errors.JournalError as error:
@@ -51,6 +50,8 @@ def migrate(
     ] = None,
 ) -> None:
     """Move queue folders to another path layout. Resumable: run it again to continue."""
+    from relay_journal import layout
+
     with _journal_errors():
         moved, finished = layout.migrate(root, _fragments(to), limit=limit)
     typer.echo(f"moved {moved} queues; {'finished' if finished else 'run again to continue'}")
@@ -59,6 +60,9 @@ def migrate(
 @app.command()
 def check(root: Root) -> None:
     """Open every queue, repair what loading repairs, and report what is damaged."""
+    from relay_journal.journal import QueueJournal
+    from relay_journal.settings import JournalSettings
+
     with _journal_errors():
         journal = QueueJournal(JournalSettings(root=root))
         try:
