@@ -375,11 +375,17 @@ def suite(
             process.wait()
 
 
+def child_command(module: str, *args: str) -> list[str]:
+    """The command running a test's child module as a service starts (`tests/child.py`)."""
+    return [sys.executable, "-m", "tests.child", module, *args]
+
+
 def kill_when_acked(module: str, *args: str, count: int) -> int:
-    """Run `python -m module args` (a crash-test child printing its acknowledged count, one per
-    line), SIGKILL it once it has printed `count`, and return the last count it printed."""
+    """Run the child `module` with `args` (a crash-test child printing its acknowledged count,
+    one per line), SIGKILL it once it has printed `count`, and return the last count it
+    printed."""
     child = subprocess.Popen(
-        [sys.executable, "-m", module, *args], cwd=ROOT, stdout=subprocess.PIPE, text=True
+        child_command(module, *args), cwd=ROOT, stdout=subprocess.PIPE, text=True
     )
     assert child.stdout is not None
     acked = 0

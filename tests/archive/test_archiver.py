@@ -8,7 +8,6 @@ import asyncio
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -28,7 +27,7 @@ from relay_bus.bus import Bus
 from relay_bus.config import KafkaSettings
 from relay_bus.consumers import Received
 from relay_runtime.readiness import Readiness
-from tests.helpers import BIN, ROOT, Kafka, free_port, service_env
+from tests.helpers import BIN, ROOT, Kafka, child_command, free_port, service_env
 
 PARTITIONS = 2
 
@@ -287,7 +286,7 @@ async def test_a_log_replaced_under_a_partition_is_never_filed_under_the_old_epo
 
 def test_sigkill_between_write_and_rename_leaves_nothing_visible(tmp_path: Path) -> None:
     child = subprocess.run(
-        [sys.executable, "-m", "tests.archive.crash_child", str(tmp_path), "3"],
+        child_command("tests.archive.crash_child", str(tmp_path), "3"),
         cwd=ROOT,
         capture_output=True,
         text=True,

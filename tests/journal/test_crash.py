@@ -8,7 +8,6 @@ from __future__ import annotations
 import random
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,7 +15,7 @@ import pytest
 
 from relay_durable import prealloc
 from relay_journal.journal import QueueJournal
-from tests.helpers import ROOT
+from tests.helpers import ROOT, child_command
 from tests.journal import crash_child
 
 KILLS_PER_CASE = 40
@@ -41,14 +40,7 @@ class Child:
         """Killed at a random moment of its opening (`in_recovery`), of its first 0.25 s of
         work, or (`at_table`) as soon as it reports its first to third table being written."""
         child = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tests.journal.crash_child",
-                str(root),
-                str(seed),
-                str(handles),
-            ],
+            child_command("tests.journal.crash_child", str(root), str(seed), str(handles)),
             cwd=ROOT,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,

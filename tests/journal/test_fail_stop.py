@@ -6,18 +6,18 @@ and the log reopened afterwards holds what was acknowledged."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 from relay_journal.journal import QueueJournal
 from relay_journal.settings import JournalSettings
 from relay_runtime import exits
+from tests.helpers import child_command
 from tests.journal import fail_stop_child
 
 
 def test_a_failed_fdatasync_stops_the_queue_writers_stores_process(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "tests.journal.fail_stop_child", str(tmp_path)],
+        child_command("tests.journal.fail_stop_child", str(tmp_path)),
         capture_output=True,
         text=True,
         timeout=60,

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import random
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,7 +15,7 @@ from relay_journal import records
 from relay_journal.journal import QueueJournal
 from relay_journal.settings import FsyncPolicy
 from relay_journal.wal import list_segments
-from tests.helpers import ROOT
+from tests.helpers import ROOT, child_command
 from tests.journal import mark_child
 from tests.journal.conftest import mid, qid, small
 
@@ -70,7 +69,7 @@ def test_a_change_is_never_durable_without_its_mark(tmp_path: Path, seed: int) -
     rng = random.Random(seed)
     for _ in range(10):
         child = subprocess.Popen(
-            [sys.executable, "-m", "tests.journal.mark_child", str(tmp_path)],
+            child_command("tests.journal.mark_child", str(tmp_path)),
             cwd=ROOT,
             stdout=subprocess.PIPE,
             text=True,

@@ -8,12 +8,11 @@ from __future__ import annotations
 import random
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 from relay_journal.journal import QueueJournal
-from tests.helpers import ROOT
+from tests.helpers import ROOT, child_command
 from tests.journal import send_key_child as child
 
 KILLS = 12
@@ -22,7 +21,7 @@ KILLS = 12
 def _run_until_killed(root: Path, start: int, count: int) -> tuple[dict[int, str], int]:
     """(retried key → what the journal answered, last acknowledged n) of one child."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "tests.journal.send_key_child", str(root), str(start)],
+        child_command("tests.journal.send_key_child", str(root), str(start)),
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import shutil
 import subprocess
-import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -17,14 +16,14 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from relay_storelog import records
 from relay_storelog.store import DUMP_STEPS, StoreLog, StoreLogCorrupt, StoreLogSettings
-from tests.helpers import ROOT
+from tests.helpers import ROOT, child_command
 from tests.storelog import script
 
 
 @pytest.mark.parametrize("step", DUMP_STEPS)
 def test_a_crash_at_each_dump_step_restores_the_state_before_it(tmp_path: Path, step: str) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "tests.storelog.dump_child", str(tmp_path), step],
+        child_command("tests.storelog.dump_child", str(tmp_path), step),
         cwd=ROOT,
         capture_output=True,
         text=True,

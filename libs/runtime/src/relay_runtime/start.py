@@ -9,8 +9,9 @@ point (`main()`), before anything else is imported.
 - The cyclic garbage collector is off while the service's modules import (tens of thousands of
   objects, none of them garbage: class bodies, pydantic schemas), and back on after.
 
-Invariant: only a console entry point uses this (a test, in a process of its own), because hiding
-them lasts for the whole process: importing either afterwards raises `ImportError`.
+Invariant: only a console entry point uses this (or a test's child process standing for a
+service: `tests/child.py`), because hiding them lasts for the whole process: importing either
+afterwards raises `ImportError`.
 """
 
 from __future__ import annotations
@@ -23,11 +24,16 @@ from collections.abc import Iterator
 HIDDEN = ("rich", "pygments")
 
 
+def hide_renderers() -> None:
+    """Make `rich` and `pygments` unimportable for the rest of this process."""
+    for name in HIDDEN:
+        sys.modules.setdefault(name, None)  # type: ignore[arg-type]  # None: "not importable"
+
+
 @contextlib.contextmanager
 def service_imports() -> Iterator[None]:
     """Import a service's modules inside this block."""
-    for name in HIDDEN:
-        sys.modules.setdefault(name, None)  # type: ignore[arg-type]  # None: "not importable"
+    hide_renderers()
     gc.disable()
     try:
         yield
