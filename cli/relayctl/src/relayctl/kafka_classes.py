@@ -71,7 +71,7 @@ def make(work: Path) -> Path:
         while kafka_broker.READY_TEXT not in log_path.read_text(errors="replace"):
             if broker.poll() is not None or time.monotonic() > deadline:
                 raise kafka_broker.KafkaSetupError(
-                    f"the node making the class archive did not serve; see {log_path}"
+                    f"the node making it did not serve: {_last_line(log_path)}"
                 )
             time.sleep(0.1)
         broker.send_signal(signal.SIGTERM)
@@ -91,7 +91,7 @@ def make(work: Path) -> Path:
     )
     if not written.exists() or mapped.returncode != 0:
         written.unlink(missing_ok=True)
-        raise kafka_broker.KafkaSetupError(f"the class archive could not be mapped; see {log_path}")
+        raise kafka_broker.KafkaSetupError(f"it could not be mapped: {_last_line(log_path)}")
     os.replace(written, archive)
     staged = record.with_name(record.name + ".new")
     staged.write_text(json.dumps({"size": archive.stat().st_size, "java": java_identity()}))
@@ -99,16 +99,21 @@ def make(work: Path) -> Path:
     return archive
 
 
+def _last_line(log_path: Path) -> str:
+    lines = log_path.read_text(errors="replace").strip().splitlines()
+    return lines[-1] if lines else "(the node logged nothing)"
+
+
 def main() -> int:
     """Make the archive unless the one in place is current. Failing to make it is reported and
     not an error: nodes then start as before, only slower."""
-    if current():
-        return 0
     try:
+        if current():
+            return 0
         with tempfile.TemporaryDirectory(prefix="relay-kafka-classes-") as work:
             archive = make(Path(work))
     except (kafka_broker.KafkaSetupError, OSError, subprocess.SubprocessError) as error:
-        print(f"relayctl: no Kafka class archive ({error}); nodes start without", file=sys.stderr)
+        print(f"relayctl: no Kafka class archive, nodes start slower ({error})", file=sys.stderr)
         return 0
     print(f"Kafka class archive: {archive} ({archive.stat().st_size >> 20} MiB)")
     return 0
