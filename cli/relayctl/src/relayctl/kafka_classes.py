@@ -1,8 +1,8 @@
 """Making Apache Kafka's class-data-sharing archive (the JDK's dynamic AppCDS): the classes a node
 loads until it serves, parsed and verified once by `./dev setup` (`python -m
 relayctl.kafka_classes`), then mapped by every node's JVM (`kafka_broker.prepare`) instead of
-read from the jars again. Measured here: a node serves after 1.5-2.4 s of CPU instead of 4.7-5.0,
-and formatting a log dir takes 0.7-1.0 s instead of 1.7.
+read from the jars again. Measured here: a node serves after 2.2 s of CPU instead of 4.7-5.4
+(1.5 s instead of 2.4-3.0 on C1 alone), and formatting a log dir takes 0.7-1.0 s instead of 1.7.
 
 Invariants: the archive is made by a real node (formatted in a scratch directory, started,
 stopped with SIGTERM so the JVM writes the archive at its exit), under another name; it is
