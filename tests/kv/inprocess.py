@@ -38,10 +38,13 @@ async def replicators(
     root: Path, offsets: dict[str, int], **kv: Any
 ) -> AsyncIterator[dict[str, Coordinator]]:
     """One replicator per name, its clock moved by the given offset (ms); `kv`: more
-    `KvSettings`."""
+    `KvSettings`. The replica timeout defaults to 10 s, not 1 s: the replicators share this
+    process's one event loop, so on a loaded machine one replica's fsyncs can hold the others'
+    answers past a second, and a test of the rules must not fail on the machine's pace."""
     ports = {name: helpers.free_port() for name in offsets}
     urls = [f"http://127.0.0.1:{port}" for port in ports.values()]
     coordinators, servers, stops = {}, [], []
+    kv.setdefault("replica_timeout_s", 10.0)
     for name, offset in offsets.items():
         config = ReplicatorSettings(
             instance=f"replicator-{name}",

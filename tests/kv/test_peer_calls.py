@@ -16,8 +16,7 @@ ROUNDS = 60
 
 
 async def test_concurrent_rounds_share_calls_and_keep_their_answers(tmp_path: Path) -> None:
-    # A generous replica timeout: this is about batching, and a loaded machine is slow.
-    async with replicators(tmp_path, SITES, replica_timeout_s=10.0) as coordinators:
+    async with replicators(tmp_path, SITES) as coordinators:
         a = coordinators["A"]
         made = await a.run(request(op="ns_put", ns="app", admin=True, n=3))
         assert made.data is not None
