@@ -30,7 +30,7 @@ from types import FrameType
 
 import httpx
 
-from relayctl import embedded, kafka_broker, processes, state
+from relayctl import embedded, kafka_broker, preload, processes, state
 
 SERVICES = ("queue-writer", "delivery", "retainer", "replicator", "archiver", "ingress")
 """Start order; all start at once, ingress last so its port opens when the rest are starting.
@@ -98,9 +98,12 @@ class Suite:
         )
         (self.data_dir / "redis").mkdir(parents=True, exist_ok=True)
         self.redis.command = embedded.redis_command(host, self.redis.port, self.data_dir / "redis")
-        self.services = [
-            self._service(name, k) for name in SERVICES for k in range(options.counts[name])
-        ]
+        instances = [(name, k) for name in SERVICES for k in range(options.counts[name])]
+        self.services = [self._service(name, k) for name, k in instances]
+        self.kinds = {
+            child.name: name for child, (name, _) in zip(self.services, instances, strict=True)
+        }
+        """Each service instance's service."""
         replicators = [c for c in self.services if c.name.startswith("relay-replicator-")]
         peers = json.dumps([f"http://{host}:{c.port}" for c in replicators])
         for child in replicators:  # each learns the others' site ids from these
@@ -191,6 +194,7 @@ class Suite:
         self._prepare_broker()
         for child in self.infrastructure:
             child.start()
+        self._load_services()  # while the broker starts
         deadline = time.monotonic() + INFRASTRUCTURE_BUDGET_S
         for child in self.infrastructure:
             while not (processes.port_open(self.options.host, child.port) and child.logged_ready()):
@@ -203,6 +207,14 @@ class Suite:
                         f"{INFRASTRUCTURE_BUDGET_S:g} s; see {child.log_path}"
                     )
                 time.sleep(0.05)
+
+    def _load_services(self) -> None:
+        try:
+            loaded = preload.load_all(SERVICES)
+        except (LookupError, ImportError) as error:
+            raise SuiteFailedError(f"the services could not be imported: {error}") from None
+        for child in self.services:
+            child.service = loaded[self.kinds[child.name]]
 
     def _prepare_broker(self) -> None:
         if self.broker is not None and self.kafka_node is not None:

@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from typing import NoReturn
+
 from relay_runtime.start import service_imports
 
 
-def main() -> None:
+def load() -> Callable[[], NoReturn]:
+    """Import the service's modules (as `service_imports` says) and return what serves it.
+    `relayctl up` calls this once for all its instances and forks each from the result
+    (`relayctl.launch`)."""
     with service_imports():
         from relay_ingress.app import build
         from relay_ingress.settings import IngressSettings
         from relay_runtime.serve import run_service
-    run_service("relay-ingress", IngressSettings, build)
+    return functools.partial(run_service, "relay-ingress", IngressSettings, build)
+
+
+def main() -> None:
+    load()()
