@@ -153,6 +153,42 @@ async def test_fixed_consumer_commits_and_resumes_after_handled_records(kafka: K
     assert seen == [f"p{n}" for n in range(8)]
 
 
+async def test_committed_offsets_are_the_groups_own_under_the_prefix(kafka: Kafka) -> None:
+    """`committed_offsets` reads what the group's consumer committed, and a consumer resumes
+    from what `commit_offsets` set (a restored retainer's resume points): both name the group
+    as the consumer does, under the topic prefix (`kafka` has one)."""
+    assert kafka.prefix
+    seen: list[str] = []
+
+    async def handler(received: Received) -> None:
+        assert isinstance(received.record, schemas.Ping)
+        seen.append(received.record.id)
+
+    settings = _settings(kafka)
+    bus = Bus(settings, client_id="producer", readiness=Readiness())
+    await bus.start(5)
+    try:
+        for n in range(5):
+            await bus.send(topics.PUBLICATIONS, _ping(n), partition=2)
+        assert await bus.committed_offsets(topics.PUBLICATIONS, "g", [2]) == {2: None}
+        first = Bus(settings, client_id="c1", readiness=Readiness())
+        first.consumer(topics.PUBLICATIONS, handler, group_id="g", partitions=[2])
+        await first.start(5)
+        await _eventually(lambda: len(seen) == 5)
+        await first.stop()
+        assert await bus.committed_offsets(topics.PUBLICATIONS, "g", [2]) == {2: 5}
+
+        await bus.commit_offsets(topics.PUBLICATIONS, "g", {2: 3})
+        second = Bus(settings, client_id="c2", readiness=Readiness())
+        second.consumer(topics.PUBLICATIONS, handler, group_id="g", partitions=[2])
+        await second.start(5)
+        await _eventually(lambda: len(seen) == 7)
+        await second.stop()
+        assert seen == [f"p{n}" for n in [0, 1, 2, 3, 4, 3, 4]]
+    finally:
+        await bus.stop()
+
+
 async def test_a_client_that_began_past_its_start_offset_is_sought_back(kafka: Kafka) -> None:
     """aiokafka may apply a group's committed offset after the seek to `start_offsets` (the
     archiver once archived a file claiming offsets it never read). Emulated here by moving the

@@ -348,8 +348,10 @@ class Bus:
 
     @contextlib.asynccontextmanager
     async def _group_client(self, group_id: str) -> AsyncIterator[clients.AIOKafkaConsumer]:
-        """A short-lived consumer of `group_id`, for its committed offsets only."""
-        consumer = clients.consumer(self.settings, f"{self.client_id}-offsets", group_id)
+        """A short-lived consumer of `group_id` (a logical name, as every caller's), for its
+        committed offsets only."""
+        group = self.settings.topic_prefix + group_id
+        consumer = clients.consumer(self.settings, f"{self.client_id}-offsets", group)
         await consumer.start()
         try:
             yield consumer
