@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,7 +30,7 @@ def shared_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[helpers.K
 @pytest.fixture
 def kafka(shared_kafka: helpers.KafkaCluster) -> helpers.Kafka:
     """The shared broker under a topic prefix of this test's own."""
-    return helpers.Kafka(shared_kafka, f"t{uuid.uuid4().hex[:12]}.")
+    return helpers.Kafka.fresh(shared_kafka)
 
 
 @pytest.fixture

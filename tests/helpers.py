@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -162,6 +163,11 @@ class Kafka:
 
     cluster: KafkaCluster
     prefix: str = ""
+
+    @classmethod
+    def fresh(cls, cluster: KafkaCluster) -> Kafka:
+        """`cluster` under a prefix no other test uses."""
+        return cls(cluster, f"t{uuid.uuid4().hex[:12]}.")
 
     @property
     def bootstrap(self) -> str:
@@ -340,11 +346,20 @@ def alive(pid: int) -> bool:
 
 @contextmanager
 def suite(
-    tmp_path: Path, *args: str, entry: list[str] | None = None, **env: str
+    tmp_path: Path,
+    *args: str,
+    entry: list[str] | None = None,
+    kafka: Kafka | None = None,
+    **env: str,
 ) -> Iterator[Running]:
     """`relayctl up` (or `entry`) with data under `tmp_path`; yields once its ready line is out.
-    `env` goes to every service (settings such as RELAY_WS_FRAMES_PER_S)."""
+    `env` goes to every service (settings such as RELAY_WS_FRAMES_PER_S). With `kafka`, the
+    suite uses that cluster under its prefix (`--kafka`) instead of a broker of its own: for
+    tests that neither stop, kill nor measure the broker."""
     data_dir = tmp_path / "var"
+    if kafka is not None:
+        args = ("--kafka", kafka.bootstrap, *args)
+        env = {**kafka.env(), **env}
     command = [*(entry or [str(BIN / "relayctl"), "up"]), "--data-dir", str(data_dir), *args]
     process = subprocess.Popen(
         command,

@@ -9,7 +9,9 @@ from tests import helpers
 
 
 @pytest.fixture(scope="module")
-def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[helpers.Running]:
+def running(
+    tmp_path_factory: pytest.TempPathFactory, shared_kafka: helpers.KafkaCluster
+) -> Iterator[helpers.Running]:
     """One suite for the module, with WebSocket limits low enough to test."""
     with helpers.suite(
         tmp_path_factory.mktemp("suite"),
@@ -18,6 +20,7 @@ def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[helpers.Runnin
         RELAY_WS_FRAMES_PER_S="20",
         RELAY_WS_FRAME_BURST="40",
         RELAY_WS_CONNECTIONS_PER_ADDRESS="8",
+        kafka=helpers.Kafka.fresh(shared_kafka),
     ) as running:
         yield running
 

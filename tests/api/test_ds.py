@@ -34,12 +34,15 @@ GONE = "00112233AABBCCDD"
 
 
 @pytest.fixture(scope="module")
-def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[helpers.Running]:
+def running(
+    tmp_path_factory: pytest.TempPathFactory, shared_kafka: helpers.KafkaCluster
+) -> Iterator[helpers.Running]:
     tmp = tmp_path_factory.mktemp("ds")
     seeded = StreamStore(tmp / "var" / "retainer-0" / "streams", node="retainer-0")
     seeded.register_site(GONE, "gone-0")
     seeded.close()
-    with helpers.suite(tmp, "--port", str(helpers.free_port()), "--retainers", "2") as running:
+    args = ["--port", str(helpers.free_port()), "--retainers", "2"]
+    with helpers.suite(tmp, *args, kafka=helpers.Kafka.fresh(shared_kafka)) as running:
         yield running
 
 

@@ -34,7 +34,9 @@ IDLE_WEBSOCKETS = 2000
 
 
 @pytest.fixture(scope="module")
-def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[helpers.Running]:
+def running(
+    tmp_path_factory: pytest.TempPathFactory, shared_kafka: helpers.KafkaCluster
+) -> Iterator[helpers.Running]:
     """A suite with a short header timeout and room for many WebSockets from one address."""
     with helpers.suite(
         tmp_path_factory.mktemp("suite"),
@@ -45,6 +47,7 @@ def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[helpers.Runnin
         RELAY_HTTP__KEEP_ALIVE_TIMEOUT_S=str(KEEP_ALIVE_S),
         RELAY_WS_CONNECTIONS_PER_ADDRESS=str(IDLE_WEBSOCKETS + 100),
         RELAY_WS_IDLE_TIMEOUT_S=str(WS_IDLE_S),
+        kafka=helpers.Kafka.fresh(shared_kafka),
     ) as running:
         yield running
 

@@ -32,7 +32,9 @@ MAX_PUBLISH_BYTES = 1 << 20  # the default: a payload this size travels in one K
 
 
 @pytest.fixture(scope="module")
-def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[helpers.Running]:
+def running(
+    tmp_path_factory: pytest.TempPathFactory, shared_kafka: helpers.KafkaCluster
+) -> Iterator[helpers.Running]:
     with helpers.suite(
         tmp_path_factory.mktemp("retained"),
         "--port",
@@ -40,6 +42,7 @@ def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[helpers.Runnin
         "--retainers",
         "2",
         RELAY_PUBLISH_PER_S=str(PUBLISH_PER_S),
+        kafka=helpers.Kafka.fresh(shared_kafka),
     ) as running:
         yield running
 

@@ -27,7 +27,9 @@ TIMEOUT_S = 8
 
 
 @pytest.fixture(scope="module")
-def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[helpers.Running]:
+def running(
+    tmp_path_factory: pytest.TempPathFactory, shared_kafka: helpers.KafkaCluster
+) -> Iterator[helpers.Running]:
     # The services' own dump timer is off, as the chart sets it when the operator is installed.
     with helpers.suite(
         tmp_path_factory.mktemp("suite"),
@@ -36,6 +38,7 @@ def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[helpers.Runnin
         "--queue-writers",
         "2",
         RELAY_DUMP_INTERVAL_S="0",
+        kafka=helpers.Kafka.fresh(shared_kafka),
     ) as running:
         yield running
 

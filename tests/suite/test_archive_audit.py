@@ -55,10 +55,10 @@ def _audit(data_dir: Path, **env: str) -> tuple[int, dict[str, object], str]:
 
 
 def test_the_audit_finds_a_caught_up_archive_clean_and_a_removed_file_a_gap(
-    tmp_path: Path,
+    tmp_path: Path, kafka: helpers.Kafka
 ) -> None:
     fast = {"RELAY_ARCHIVE__ROLL_AGE_S": "0.3", "RELAY_ARCHIVE__LAG_INTERVAL_S": "0.5"}
-    with helpers.suite(tmp_path, "--port", "0", **fast) as running:
+    with helpers.suite(tmp_path, "--port", "0", kafka=kafka, **fast) as running:
         data_dir = running.data_dir
         store = LocalStore(data_dir / "archive")
         with httpx.Client(base_url=running.state.ingress_url, timeout=20) as http:

@@ -54,9 +54,11 @@ def _caught_up(data_dir: Path) -> None:
         time.sleep(0.5)
 
 
-def test_export_rebuild_verify_and_the_errors_it_finds(tmp_path: Path) -> None:
+def test_export_rebuild_verify_and_the_errors_it_finds(
+    tmp_path: Path, kafka: helpers.Kafka
+) -> None:
     fast = {"RELAY_ARCHIVE__ROLL_AGE_S": "0.5", "RELAY_ARCHIVE__LAG_INTERVAL_S": "0.5"}
-    with helpers.suite(tmp_path, "--port", "0", **fast) as running:
+    with helpers.suite(tmp_path, "--port", "0", kafka=kafka, **fast) as running:
         data_dir = running.data_dir
         with httpx.Client(base_url=running.state.ingress_url, timeout=20) as http:
             recipients = [Recipient(http).create() for _ in range(3)]

@@ -32,10 +32,12 @@ def _stop(running: helpers.Running) -> None:
     assert running.process.wait(timeout=30) == 0
 
 
-def test_a_lost_queue_writer_is_rebuilt_restored_and_delivers_everything(tmp_path: Path) -> None:
+def test_a_lost_queue_writer_is_rebuilt_restored_and_delivers_everything(
+    tmp_path: Path, kafka: helpers.Kafka
+) -> None:
     pending: dict[str, list[str]] = {}
     keys: dict[str, Recipient] = {}
-    with helpers.suite(tmp_path, "--port", "0", **FAST) as running:
+    with helpers.suite(tmp_path, "--port", "0", kafka=kafka, **FAST) as running:
         with httpx.Client(base_url=running.state.ingress_url, timeout=20) as http:
             for _ in range(4):
                 r = Recipient(http).create()
@@ -70,7 +72,7 @@ def test_a_lost_queue_writer_is_rebuilt_restored_and_delivers_everything(tmp_pat
     assert done.returncode == 0, done.stderr
     assert "restored 4 queues, 16 messages" in done.stdout
 
-    with helpers.suite(tmp_path, "--port", "0", **FAST) as running:
+    with helpers.suite(tmp_path, "--port", "0", kafka=kafka, **FAST) as running:
         with httpx.Client(base_url=running.state.ingress_url, timeout=20) as http:
             for queue, r in keys.items():
                 r.http = http
@@ -142,7 +144,9 @@ def _verify_clean(tmp_path: Path, d: str) -> None:
     assert json.loads((out / "report" / "report.json").read_text())["verdict"] == "clean"
 
 
-def test_a_lost_retainer_gets_its_retained_messages_and_streams_back(tmp_path: Path) -> None:
+def test_a_lost_retainer_gets_its_retained_messages_and_streams_back(
+    tmp_path: Path, kafka: helpers.Kafka
+) -> None:
     """A retainer's volume is lost. Restored from a rebuild of an archive that had not caught up
     (a copy taken before the last writes, put back: as if the archiver lagged), it refuses to
     start, naming the partitions whose committed offsets pass the archive's end (reading them
@@ -150,7 +154,7 @@ def test_a_lost_retainer_gets_its_retained_messages_and_streams_back(tmp_path: P
     Restored again once the archive has caught up, it reads on from the archive's end, and
     everything acknowledged is there."""
     written: list[tuple[str, str]] = []
-    with helpers.suite(tmp_path, "--port", "0", **FAST) as running:
+    with helpers.suite(tmp_path, "--port", "0", kafka=kafka, **FAST) as running:
         with httpx.Client(base_url=running.state.ingress_url, timeout=20) as http:
             for i in range(12):
                 topic = "$ops/log" if i % 4 == 0 else f"log/{i % 3}"
@@ -194,7 +198,7 @@ def test_a_lost_retainer_gets_its_retained_messages_and_streams_back(tmp_path: P
     refused = "restored from an archive that ended before"
     with (
         pytest.raises(AssertionError, match=refused),
-        helpers.suite(tmp_path, "--port", "0", **FAST),
+        helpers.suite(tmp_path, "--port", "0", kafka=kafka, **FAST),
     ):
         pass
     shutil.rmtree(data_dir / "archive")  # the archiver caught up
@@ -202,7 +206,7 @@ def test_a_lost_retainer_gets_its_retained_messages_and_streams_back(tmp_path: P
     restored = lose_and_restore(tmp_path / "rebuilt")
     assert "restored 8 retained messages, 13 durable-stream messages" in restored
 
-    with helpers.suite(tmp_path, "--port", "0", **FAST) as running:
+    with helpers.suite(tmp_path, "--port", "0", kafka=kafka, **FAST) as running:
         with httpx.Client(base_url=running.state.ingress_url, timeout=20) as http:
             after = [{"topic": "log/0", "payload": b64u(b"after the restore")}]
             assert http.post("/v1/ds/messages/messages", json=after).status_code == 201

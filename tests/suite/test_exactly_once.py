@@ -71,9 +71,9 @@ def _walk(r: Recipient) -> list[tuple[str, str]]:
     return seen
 
 
-def test_every_send_is_stored_once_under_kills(tmp_path: Path) -> None:
+def test_every_send_is_stored_once_under_kills(tmp_path: Path, kafka: helpers.Kafka) -> None:
     args = ["--port", "0", "--ingress", "2", "--queue-writers", "2"]
-    with helpers.suite(tmp_path, *args) as running:
+    with helpers.suite(tmp_path, *args, kafka=kafka) as running:
         urls = running.ingress_urls()
         http = httpx.Client(base_url=urls[0], timeout=20)
         recipients = [Recipient(http).create() for _ in range(QUEUES)]

@@ -30,9 +30,11 @@ FAST = {"RELAY_ARCHIVE__ROLL_AGE_S": "0.5", "RELAY_ARCHIVE__LAG_INTERVAL_S": "0.
 QUEUES = 60
 
 
-def test_an_online_export_while_writers_run_verifies_clean(tmp_path: Path) -> None:
+def test_an_online_export_while_writers_run_verifies_clean(
+    tmp_path: Path, kafka: helpers.Kafka
+) -> None:
     acked: list[tuple[float, str]] = []  # (monotonic time of the answer, what)
-    with helpers.suite(tmp_path, "--port", "0", **FAST) as running:
+    with helpers.suite(tmp_path, "--port", "0", kafka=kafka, **FAST) as running:
         data_dir = running.data_dir
         url = running.state.ingress_url
         with httpx.Client(base_url=url, timeout=20) as http:

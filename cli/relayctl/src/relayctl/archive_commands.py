@@ -120,7 +120,12 @@ def audit_command(
         str | None,
         typer.Option(help="Bootstrap servers (default: those of the suite running there)."),
     ] = None,
-    topic_prefix: Annotated[str, typer.Option(help="RELAY_KAFKA__TOPIC_PREFIX.")] = "",
+    topic_prefix: Annotated[
+        str | None,
+        typer.Option(
+            help="RELAY_KAFKA__TOPIC_PREFIX (default: that of the suite running there, else none)."
+        ),
+    ] = None,
     master: Master = "local[2]",
 ) -> None:
     """Check with Spark's Kafka connector that the archive covers every offset Kafka still
@@ -131,6 +136,8 @@ def audit_command(
             typer.echo(f"relayctl: no suite runs from {data_dir}: pass --kafka", err=True)
             raise typer.Exit(1)
         kafka = running.kafka
+        topic_prefix = running.topic_prefix if topic_prefix is None else topic_prefix
+    topic_prefix = topic_prefix or ""
     args = ["audit", "--archive", str(_archive(data_dir)), "--kafka", kafka]
     raise typer.Exit(_spark([*args, "--topic-prefix", topic_prefix, "--master", master]))
 

@@ -32,6 +32,9 @@ class SuiteState(BaseModel):
     children: list[ChildState]
     kafka: str = ""
     """The bootstrap servers the services use (empty in files written before it was kept)."""
+    topic_prefix: str = ""
+    """The services' `RELAY_KAFKA__TOPIC_PREFIX`: a suite sharing a cluster (`--kafka`) keeps
+    its topics and groups apart under it."""
 
 
 def state_path(data_dir: Path) -> Path:

@@ -330,6 +330,7 @@ class Suite:
                 pid=os.getpid(),
                 ingress_url=self.ingress_url,
                 kafka=self.bootstrap,
+                topic_prefix=os.environ.get("RELAY_KAFKA__TOPIC_PREFIX", ""),
                 children=[
                     state.ChildState(name=c.name, pid=c.pid, port=c.port, probe_url=c.probe_url)
                     for c in self.children
