@@ -25,6 +25,7 @@ import psutil
 from relay_bus import schemas
 from relay_bus.config import KafkaSettings
 from relayctl import embedded, kafka_broker, processes, state
+from tests import launcher
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -242,6 +243,13 @@ def redis_server(tmp: Path) -> Iterator[str]:
         process.wait()
 
 
+def start_service(script: str, env: dict[str, str], log: Path) -> processes.Forked:
+    """A service instance started as `relayctl up` starts one (`tests.launcher`), running
+    what `script` runs with exactly `env`, its stdout and stderr appended to `log`. A test of
+    the console script itself (its start errors, its exit codes) executes it instead."""
+    return launcher.start(script, str(BIN / script), env, log)
+
+
 def service_env(**overrides: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RELAY_")}
     env.update(overrides)
@@ -252,24 +260,23 @@ def service_env(**overrides: str) -> dict[str, str]:
 def running_service(
     script: str, ready_timeout_s: float = 30, log: Path | None = None, **env: str
 ) -> Iterator[str]:
-    """Start a service's console script on a free port; yield its URL once `/readyz` is 200.
-    Stops it with SIGTERM (and checks it exits 0) when the block ends. Its log (stderr) goes
-    to `log`, or to a temporary file: never a pipe nobody reads, which would stop the service
-    at its 64 KiB-th byte of log."""
+    """Start a service (`start_service`) on a free port; yield its URL once `/readyz` is 200.
+    Stops it with SIGTERM (and checks it exits 0) when the block ends. Its log goes to `log`
+    (emptied first), or to a temporary file: never a pipe nobody reads, which would stop the
+    service at its 64 KiB-th byte of log."""
     port = free_port()
-    with (
-        open(log, "w+b") if log is not None else tempfile.TemporaryFile() as stderr,
-    ):
-        process = subprocess.Popen(
-            [str(BIN / script)],
-            env=service_env(**{"RELAY_HTTP__PORT": str(port), "RELAY_INSTANCE": script, **env}),
-            stdout=subprocess.DEVNULL,
-            stderr=stderr,
+    with contextlib.ExitStack() as stack:
+        if log is None:
+            log = Path(stack.enter_context(tempfile.TemporaryDirectory())) / f"{script}.log"
+        log.write_bytes(b"")
+        process = start_service(
+            script,
+            service_env(**{"RELAY_HTTP__PORT": str(port), "RELAY_INSTANCE": script, **env}),
+            log,
         )
 
         def tail() -> str:
-            stderr.seek(0)
-            return stderr.read().decode(errors="replace")[-2000:]
+            return log.read_bytes().decode(errors="replace")[-2000:]
 
         url = f"http://127.0.0.1:{port}"
         try:
@@ -287,8 +294,7 @@ def running_service(
                 time.sleep(0.1)
             yield url
             process.terminate()
-            process.wait(timeout=15)
-            assert process.returncode == 0, tail()
+            assert process.wait(timeout=15) == 0, tail()
         finally:
             if process.poll() is None:
                 process.kill()

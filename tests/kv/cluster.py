@@ -24,6 +24,7 @@ from typing import Any
 
 import httpx
 
+from relayctl import processes
 from tests import helpers
 
 TOKEN = "kv-test-admin-token"
@@ -102,7 +103,7 @@ class Replicator:
     name: str
     port: int
     data_dir: Path
-    process: subprocess.Popen[str] | None = None
+    process: processes.Forked | None = None
     site: str = ""
 
     @property
@@ -144,7 +145,7 @@ class Cluster:
     """Extra environment of one replicator (by name), kept across its restarts."""
     replicators: dict[str, Replicator] = field(default_factory=dict)
     links: dict[tuple[str, str], Link] = field(default_factory=dict)
-    ingress: subprocess.Popen[str] | None = None
+    ingress: processes.Forked | None = None
     ingress_port: int = 0
     _loop: asyncio.AbstractEventLoop | None = None
     _thread: threading.Thread | None = None
@@ -183,13 +184,10 @@ class Cluster:
         self.wait_ready(self.ingress_url, self.ingress)
         self.wait_for_partitions()
 
-    def spawn(self, script: str, extra: dict[str, str], log: Path) -> subprocess.Popen[str]:
+    def spawn(self, script: str, extra: dict[str, str], log: Path) -> processes.Forked:
         log.parent.mkdir(parents=True, exist_ok=True)
         env = helpers.service_env(RELAY_ADMIN_TOKEN=TOKEN, **self.kafka.env(), **self.env, **extra)
-        with log.open("a") as out:
-            return subprocess.Popen(
-                [str(helpers.BIN / script)], env=env, stdout=out, stderr=out, text=True
-            )
+        return helpers.start_service(script, env, log)
 
     def _start_replicator(self, name: str) -> None:
         me = self.replicators[name]
@@ -231,9 +229,7 @@ class Cluster:
         added.site = added.get("/internal/kv/site")["site"]
         return added
 
-    def wait_ready(
-        self, url: str, process: subprocess.Popen[str] | None, budget: float = 60
-    ) -> None:
+    def wait_ready(self, url: str, process: processes.Forked | None, budget: float = 60) -> None:
         deadline = time.monotonic() + budget
         while time.monotonic() < deadline:
             if process is not None and process.poll() is not None:

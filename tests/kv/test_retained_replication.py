@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 from pathlib import Path
 
 import httpx
 
 from relay_durable.codec import b64u, unb64u
+from relayctl import processes
 from tests import helpers
 from tests.kv import cluster as kvc
 from tests.kv.test_replication import FAST
@@ -32,7 +32,7 @@ def test_a_retainer_rebuilds_its_retained_messages_from_the_replicators(
             "RELAY_RETAINED__REPLICATORS": json.dumps(urls),
         }
 
-        def start() -> subprocess.Popen[str]:
+        def start() -> processes.Forked:
             port = helpers.free_port()
             process = running.spawn(
                 "relay-retainer", {**env, "RELAY_HTTP__PORT": str(port)}, tmp_path / "ret.log"
@@ -40,7 +40,7 @@ def test_a_retainer_rebuilds_its_retained_messages_from_the_replicators(
             running.wait_ready(f"http://127.0.0.1:{port}", process)
             return process
 
-        def stop(process: subprocess.Popen[str]) -> None:
+        def stop(process: processes.Forked) -> None:
             process.terminate()
             assert process.wait(20) == 0
 

@@ -30,6 +30,7 @@ from typing import Any
 
 import httpx
 
+from relayctl import processes
 from tests import helpers
 from tests.operator import kube
 
@@ -44,7 +45,7 @@ def ip_of(ordinal: int, start: int) -> str:
 @dataclass
 class Instance:
     ordinal: int
-    process: subprocess.Popen[bytes]
+    process: processes.Forked
     ip: str
     port: int
     ready: bool = False
@@ -178,13 +179,7 @@ class StatefulSetStandIn:
             RELAY_DATA__ORDINAL=str(ordinal),
             **self.env(ordinal),
         )
-        with (self.root / f"{self.name}-{ordinal}.log").open("ab") as log:
-            process = subprocess.Popen(
-                [str(helpers.BIN / self.script)],
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
+        process = helpers.start_service(self.script, env, self.root / f"{self.name}-{ordinal}.log")
         instance = Instance(ordinal, process, ip, self.port)
         with self._lock:
             self.instances[ordinal] = instance

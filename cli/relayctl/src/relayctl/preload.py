@@ -8,8 +8,8 @@ service in its own container from its console script (`relay-<service>`), which 
 `load()` and runs what it returns: the same code runs either way.
 
 Invariant: what `load_all` returns was imported by each service's own `load()` (its
-`relay.services` entry point), and the objects it made are frozen out of the cyclic collector,
-in relayctl and in every instance forked after (their pages then stay shared).
+`relay.services` entry point), and the objects alive then are frozen out of the cyclic
+collector, in that process and in every instance forked after (their pages then stay shared).
 """
 
 from __future__ import annotations
@@ -34,6 +34,8 @@ class Service:
 
 
 def load_all(services: tuple[str, ...]) -> dict[str, Service]:
+    """Each service's `load()`; then every object alive in this process is moved out of the
+    cyclic collector's sight (`gc.freeze`): call it in a process that forks instances."""
     found = {entry.name: entry for entry in metadata.entry_points(group=GROUP)}
     missing = [name for name in services if name not in found]
     if missing:

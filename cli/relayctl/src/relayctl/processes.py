@@ -77,6 +77,12 @@ class Forked:
         if self._process.exitcode is None:
             os.kill(self.pid, sig)
 
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
 
 @contextlib.contextmanager
 def _stop_signals_blocked() -> Iterator[None]:
@@ -91,7 +97,7 @@ def fork(service: preload.Service, script: str, env: dict[str, str], log_path: P
     """An instance of `service` run as `script` would run it, with `env`, logging to
     `log_path` (appended)."""
     process = multiprocessing.get_context("fork").Process(
-        target=_run_forked,
+        target=run_forked,
         args=(service, script, env, str(log_path), os.getpid()),
         name=Path(script).name,
         daemon=False,  # a daemonic process may not start processes (the retainer's exports do)
@@ -101,13 +107,15 @@ def fork(service: preload.Service, script: str, env: dict[str, str], log_path: P
     return Forked(process)
 
 
-def _run_forked(
-    service: preload.Service, script: str, env: dict[str, str], log_path: str, parent: int
+def run_forked(
+    service: preload.Service, script: str, env: dict[str, str], log_path: str, parent: int | None
 ) -> NoReturn:
+    """In a forked instance, before its service: the module's invariants. `parent`: the pid
+    that forked it, if it is not known to live on (checked once it dies with its parent)."""
     for sig in _STOP_SIGNALS:
         signal.signal(sig, signal.SIG_DFL)
     die_with_parent()
-    if os.getppid() != parent:  # relayctl died before the line above
+    if parent is not None and os.getppid() != parent:  # it died before the line above
         os._exit(1)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
     os.setsid()
