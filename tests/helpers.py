@@ -247,7 +247,7 @@ def start_service(script: str, env: dict[str, str], log: Path) -> processes.Fork
     """A service instance started as `relayctl up` starts one (`tests.launcher`), running
     what `script` runs with exactly `env`, its stdout and stderr appended to `log`. A test of
     the console script itself (its start errors, its exit codes) executes it instead."""
-    return launcher.start(script, str(BIN / script), env, log)
+    return launcher.start(BIN / script, env, log)
 
 
 def service_env(**overrides: str) -> dict[str, str]:

@@ -13,6 +13,7 @@ gives its pid (signals reach it directly) and its exit code (the server reaps it
 from __future__ import annotations
 
 import multiprocessing
+from pathlib import Path
 from typing import NoReturn
 
 from relayctl import processes
@@ -21,12 +22,13 @@ _context = multiprocessing.get_context("forkserver")
 _context.set_forkserver_preload(["tests.launcher_preload"])
 
 
-def start(script: str, path: str, env: dict[str, str], log: str | object) -> processes.Forked:
-    """`script` (`relay-<service>`, at `path`) forked with `env`, logging to `log`."""
+def start(script: Path, env: dict[str, str], log: Path) -> processes.Forked:
+    """An instance of the service whose console script is `script` (`.../relay-<service>`),
+    with `env`, logging to `log` (appended)."""
     process = _context.Process(
         target=_run,
-        args=(script.removeprefix("relay-"), path, env, str(log)),
-        name=script,
+        args=(script.name.removeprefix("relay-"), str(script), env, str(log)),
+        name=script.name,
         daemon=False,  # a daemonic process may not start processes (the retainer's exports do)
     )
     process.start()

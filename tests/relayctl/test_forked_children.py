@@ -69,7 +69,7 @@ def test_an_instance_starts_as_its_console_script_would(tmp_path: Path) -> None:
     assert seen["env"] == env
     assert seen["argv"] == [SCRIPT]
     assert seen["main"] == __name__
-    assert seen["title"] == "relay-example: example-0 (relayctl up)"
+    assert seen["title"] == "relay-example: example-0"
     assert {k for k, v in seen.items() if v is True} == {
         "session_leader",
         "stdin_is_null",

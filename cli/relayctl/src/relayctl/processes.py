@@ -111,7 +111,9 @@ def run_forked(
     service: preload.Service, script: str, env: dict[str, str], log_path: str, parent: int | None
 ) -> NoReturn:
     """In a forked instance, before its service: the module's invariants. `parent`: the pid
-    that forked it, if it is not known to live on (checked once it dies with its parent)."""
+    that forked it, which may have died before the instance was bound to die with it (checked
+    after); None for a child of a fork server (`tests/launcher.py`), which is not the process
+    that asked for it."""
     for sig in _STOP_SIGNALS:
         signal.signal(sig, signal.SIG_DFL)
     die_with_parent()
@@ -131,9 +133,7 @@ def run_forked(
     sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
     sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
     # The title first: it takes over the memory of argv and of the environment as it is now.
-    setproctitle.setproctitle(
-        f"{Path(script).name}: {env.get('RELAY_INSTANCE', '?')} (relayctl up)"
-    )
+    setproctitle.setproctitle(f"{Path(script).name}: {env.get('RELAY_INSTANCE', '?')}")
     os.environ.clear()
     os.environ.update(env)
     sys.argv = [script]
