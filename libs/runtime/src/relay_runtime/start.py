@@ -9,7 +9,9 @@ point (`main()`), before anything else is imported.
 - The cyclic garbage collector is off while the service's modules import (tens of thousands of
   objects, none of them garbage: class bodies, pydantic schemas), and back on after.
 
-Invariant: only a console entry point uses this (or a test's child process standing for a
+Invariant: only a console entry point uses this, through its service's `load()` (or a
+process that forks instances from that: `relayctl up`, which has imported both already, so
+nothing is hidden there; the tests' fork server; a test's child process standing for a
 service: `tests/child.py`), because hiding them lasts for the whole process: importing either
 afterwards raises `ImportError`.
 """
