@@ -12,7 +12,7 @@ from relay_runtime.start import service_imports
 def load() -> Callable[[], NoReturn]:
     """Import the service's modules (as `service_imports` says) and return what serves it.
     `relayctl up` calls this once for all its instances and forks each from the result
-    (`relayctl.launch`)."""
+    (`relayctl.preload`, `relayctl.processes.fork`)."""
     with service_imports():
         from relay_retainer.app import build
         from relay_retainer.settings import RetainerSettings
