@@ -142,11 +142,12 @@ def stall_after(record: Record, since: float, window_s: float = 20.0) -> float:
 def run(
     running: helpers.Running,
     queues: int,
-    load_s: float,
-    disrupt: Callable[[Record, asyncio.Event], Awaitable[None]],
+    disrupt: Callable[[Record], Awaitable[None]],
+    recover_s: float,
 ) -> Record:
-    """`queues` senders and receivers through every ingress for `load_s`, with `disrupt` running
-    beside them (until it returns or the load ends), then drain up to `DRAIN_S`."""
+    """`queues` senders and receivers through every ingress while `disrupt` runs and for
+    `recover_s` after it returns, then drain up to `DRAIN_S`. The load lasts as long as the
+    disruption does, however slowly a loaded machine runs its schedule."""
     urls = running.ingress_urls()
     with httpx.Client(base_url=urls[0], timeout=20) as http:
         recipients = [Recipient(http).create() for _ in range(queues)]
@@ -156,10 +157,10 @@ def run(
         stop, done = asyncio.Event(), asyncio.Event()
         receivers = [asyncio.create_task(receiver(r, urls, record, done)) for r in recipients]
         senders = [asyncio.create_task(sender(r, urls, record, stop)) for r in recipients]
-        disrupting = asyncio.create_task(disrupt(record, stop))
-        await asyncio.sleep(load_s)
+        await disrupt(record)
+        await asyncio.sleep(recover_s)
         stop.set()
-        await asyncio.gather(*senders, disrupting)
+        await asyncio.gather(*senders)
         deadline = time.monotonic() + DRAIN_S
         while unsettled(record) and time.monotonic() < deadline:
             await asyncio.sleep(0.5)

@@ -19,10 +19,10 @@ from tests.suite import load
 pytestmark = pytest.mark.suite
 
 QUEUES = 8
-LOAD_S = 45.0
 FIRST_KILL_S = 6.0
 DOWN_S = 8.0
 SETTLE_S = 6.0
+RECOVER_S = 12.0  # under load after the controller is back
 
 
 def active_controller(cluster: helpers.KafkaCluster, alive: list[int]) -> int:
@@ -63,7 +63,7 @@ def test_broker_and_controller_kills_lose_nothing(tmp_path: Path) -> None:
                 await asyncio.sleep(DOWN_S)
                 await asyncio.to_thread(cluster.start, node_id)
 
-            async def faults(record: load.Record, stop: asyncio.Event) -> None:
+            async def faults(record: load.Record) -> None:
                 await asyncio.sleep(FIRST_KILL_S)
                 every = [n.node_id for n in cluster.nodes]
                 controller = active_controller(cluster, every)
@@ -73,7 +73,7 @@ def test_broker_and_controller_kills_lose_nothing(tmp_path: Path) -> None:
                 controller = active_controller(cluster, every)
                 await kill_and_restart(controller, "controller", record)
 
-            record = load.run(running, QUEUES, LOAD_S, faults)
+            record = load.run(running, QUEUES, faults, RECOVER_S)
             for label, when in killed_at.items():
                 stalls[label] = load.stall_after(record, when)
     sent = sum(len(q) for q in record.sent.values())
