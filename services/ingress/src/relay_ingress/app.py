@@ -16,6 +16,7 @@ from relay_ingress import admin, checks, ds, ds_admin, errors, kv, queues, retai
 from relay_ingress.connections import Connections, Limits
 from relay_ingress.context import Context
 from relay_ingress.inbox import Inbox
+from relay_ingress.kv_lane import KvLane
 from relay_ingress.settings import IngressSettings
 from relay_routes import client, subscriptions
 from relay_routes.subscriptions import Subscriptions
@@ -102,6 +103,8 @@ def build(config: IngressSettings) -> tuple[FastAPI, BusLifecycle]:
     app.include_router(retained.admin_router)
     app.include_router(kv.router)
     app.include_router(kv.admin_router)
+    if config.kv_lane:
+        app.add_middleware(KvLane)
 
     async def serving() -> None:
         readiness.set("serving", True)

@@ -58,10 +58,17 @@ def error_response(status: int, code: str, detail: str) -> JSONResponse:
     return JSONResponse({"error": code, "detail": detail}, status_code=status)
 
 
+def rendered(error: ApiError | BusUnavailableError) -> JSONResponse:
+    """A handler's refusal, or the bus's unavailability, as the API's error."""
+    if isinstance(error, BusUnavailableError):
+        return error_response(503, "UNAVAILABLE", "Kafka is not answering; retry later")
+    return error_response(error.status, error.code, error.detail)
+
+
 def install(app: FastAPI) -> None:
-    async def api_error(_: Request, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, ApiError)
-        return error_response(exc.status, exc.code, exc.detail)
+    async def raised(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, ApiError | BusUnavailableError)
+        return rendered(exc)
 
     async def http_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
@@ -77,10 +84,7 @@ def install(app: FastAPI) -> None:
         where = ".".join(str(part) for part in first.get("loc", ()))
         return error_response(400, "BAD_REQUEST", f"{where}: {first.get('msg')}")
 
-    async def bus_unavailable(_: Request, exc: Exception) -> JSONResponse:
-        return error_response(503, "UNAVAILABLE", "Kafka is not answering; retry later")
-
-    app.add_exception_handler(ApiError, api_error)
-    app.add_exception_handler(BusUnavailableError, bus_unavailable)
+    app.add_exception_handler(ApiError, raised)
+    app.add_exception_handler(BusUnavailableError, raised)
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_exception_handler(RequestValidationError, validation_error)

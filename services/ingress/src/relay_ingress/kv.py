@@ -37,6 +37,7 @@ admin_router = APIRouter(
 MAX_B64 = 1_400_000
 """Longest base64url value or member sent on (1 MiB decoded; the replicator's own limit,
 `RELAY_KV__MAX_VALUE_BYTES`, decides)."""
+MAX_TTL_S = 2**32 - 1
 
 Namespace = Annotated[str, Path(pattern=names.NAMESPACE_PATTERN)]
 Key = Annotated[str, Path(min_length=1, max_length=names.MAX_KEY_BYTES)]
@@ -53,13 +54,13 @@ class NamespaceBody(StrictBody):
 
 class ValueBody(StrictBody):
     value: B64
-    ttl_s: Annotated[int, Field(ge=1, le=2**32 - 1), JSON_INTEGER] | None = None
+    ttl_s: Annotated[int, Field(ge=1, le=MAX_TTL_S), JSON_INTEGER] | None = None
 
 
 class MembersBody(StrictBody):
     add: list[B64] = Field(default_factory=list, max_length=1000)
     remove: list[B64] = Field(default_factory=list, max_length=1000)
-    ttl_s: Annotated[int, Field(ge=1, le=2**32 - 1), JSON_INTEGER] | None = None
+    ttl_s: Annotated[int, Field(ge=1, le=MAX_TTL_S), JSON_INTEGER] | None = None
 
 
 def _token(authorization: str | None) -> str:
@@ -74,7 +75,7 @@ def _body(reply: schemas.KvReply, model: type[schemas.KvAnswer]) -> dict[str, An
     return asking.required(reply, model).model_dump()
 
 
-async def _ask(
+async def ask(
     ctx: Ctx,
     op: str,
     model: type[schemas.KvAnswer],
@@ -125,7 +126,7 @@ async def put_value(
     authorization: Auth = None,
     w: Quorum = None,
 ) -> dict[str, Any]:
-    return await _ask(
+    return await ask(
         ctx,
         "put",
         schemas.KvVersion,
@@ -142,7 +143,7 @@ async def put_value(
 async def get_value(
     ctx: Ctx, ns: Namespace, key: Key, authorization: Auth = None, r: Quorum = None
 ) -> dict[str, Any]:
-    return await _ask(ctx, "get", schemas.KvRegister, ns, key, authorization, r=r)
+    return await ask(ctx, "get", schemas.KvRegister, ns, key, authorization, r=r)
 
 
 @router.delete("/{ns}/{key}")
@@ -154,7 +155,7 @@ async def delete_value(
     r: Quorum = None,
     w: Quorum = None,
 ) -> dict[str, Any]:
-    return await _ask(ctx, "delete", schemas.KvVersion, ns, key, authorization, r=r, w=w)
+    return await ask(ctx, "delete", schemas.KvVersion, ns, key, authorization, r=r, w=w)
 
 
 @router.post("/{ns}/{key}/members")
@@ -167,7 +168,7 @@ async def change_members(
     r: Quorum = None,
     w: Quorum = None,
 ) -> dict[str, Any]:
-    return await _ask(
+    return await ask(
         ctx,
         "members",
         schemas.KvVersion,
@@ -192,7 +193,7 @@ async def list_members(
     cursor: Annotated[str | None, Query(pattern=B64U_PATTERN, max_length=2048)] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> dict[str, Any]:
-    return await _ask(
+    return await ask(
         ctx,
         "list_members",
         schemas.KvMembers,
@@ -216,7 +217,7 @@ async def put_field(
     r: Quorum = None,
     w: Quorum = None,
 ) -> dict[str, Any]:
-    return await _ask(
+    return await ask(
         ctx,
         "field_put",
         schemas.KvVersion,
@@ -235,9 +236,7 @@ async def put_field(
 async def get_field(
     ctx: Ctx, ns: Namespace, key: Key, field: Key, authorization: Auth = None, r: Quorum = None
 ) -> dict[str, Any]:
-    return await _ask(
-        ctx, "field_get", schemas.KvRegister, ns, key, authorization, field=field, r=r
-    )
+    return await ask(ctx, "field_get", schemas.KvRegister, ns, key, authorization, field=field, r=r)
 
 
 @router.delete("/{ns}/{key}/fields/{field}")
@@ -249,7 +248,7 @@ async def delete_field(
     authorization: Auth = None,
     w: Quorum = None,
 ) -> dict[str, Any]:
-    return await _ask(
+    return await ask(
         ctx, "field_delete", schemas.KvVersion, ns, key, authorization, field=field, w=w
     )
 
@@ -264,7 +263,7 @@ async def list_fields(
     cursor: Annotated[str | None, Query(pattern=B64U_PATTERN, max_length=2048)] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> dict[str, Any]:
-    return await _ask(
+    return await ask(
         ctx,
         "list_fields",
         schemas.KvFields,

@@ -17,6 +17,10 @@ class IngressSettings(ServiceSettings):
     """How long `/admin/ping` waits for its ping to come back."""
     request_timeout_s: float = Field(10.0, gt=0, le=60)
     """How long a client request waits for its queue-writer's answer before 503."""
+    kv_lane: bool = True
+    """Answer a string's `PUT` and `GET /v1/kv/{ns}/{key}` in `relay_ingress.kv_lane`, ahead
+    of FastAPI's routing (the same answers for half of the ingress's CPU); off, every request
+    goes through the routes."""
     kv_resend_s: float = Field(1.0, gt=0, le=60)
     """How long a key-value request waits for its coordinating replicator before the ingress
     sends it again (the same id, within `request_timeout_s`): a coordinator that holds it runs
