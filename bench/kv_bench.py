@@ -155,6 +155,10 @@ class Relay:
         state = json.loads((self.data_dir / "run" / "relayctl.json").read_text())
         return {c["name"]: c["pid"] for c in state["children"] if c["pid"]}
 
+    def bootstrap(self) -> str:
+        """The suite's Kafka bootstrap address."""
+        return str(json.loads((self.data_dir / "run" / "relayctl.json").read_text())["kafka"])
+
     async def open(self, workers: int) -> None:
         address = httpx.URL(self.url)
         headers = {"Authorization": f"Bearer {self.token}"}
