@@ -1,6 +1,7 @@
 """The hot `/v1/kv` requests, a string's `PUT` and `GET /v1/kv/{ns}/{key}`, answered without
 FastAPI's routing, dependency solving and parameter models: on this path they cost the ingress
-about half of its CPU per request (decision 0011, "The ingress's lane").
+about half of its CPU per request (decision 0011, "A warm broker, the transport's floor, and
+the ingress's lane").
 
 Invariant: the lane answers a request only when it has checked every part of it exactly as the
 route in `relay_ingress.kv` would accept it, and then answers through that route's own
