@@ -383,6 +383,20 @@ class Relay:
         if exc[0] is None:
             assert self.bus.errors == [], self.bus.errors
 
+    def replicator(self, answer: Callable[[schemas.KvRequest], dict[str, Any]]) -> None:
+        """Answer every key-value request in the replicators' place with the `KvReply` fields
+        (`status`, `data`, `code`, `detail`) `answer` returns for it."""
+
+        async def replicate(received: Received) -> None:
+            record = received.record
+            assert isinstance(record, schemas.KvRequest)
+            reply = schemas.KvReply(
+                id=record.id, origin=record.origin, instance="replicator-x", **answer(record)
+            )
+            self.bus.post(topics.INGRESS_INBOX, reply, partition=record.reply_slot)
+
+        self.bus.subscribe(topics.REPLICATION, replicate)
+
     async def until(self, condition: Callable[[], object], what: str) -> None:
         """Wait (at most 10 s) until `condition()` holds."""
         deadline = time.monotonic() + 10

@@ -8,8 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from relay_bus import schemas, topics
-from relay_bus.consumers import Received
+from relay_bus import schemas
 from tests.services.loopback import Relay
 
 TOKEN = "t0ken"
@@ -25,21 +24,12 @@ async def test_a_replicator_answer_of_another_shape_is_a_503_not_a_half_read_val
         tmp_path, redis_url, queue_writer=False, retainer=False, delivery=False, admin_token=TOKEN
     ) as relay:
 
-        async def replicator(received: Received) -> None:
-            record = received.record
-            assert isinstance(record, schemas.KvRequest)
+        def replicator(record: schemas.KvRequest) -> dict[str, Any]:
             asked.append(record.op)
             status, data = answers.pop(0)
-            reply = schemas.KvReply(
-                id=record.id,
-                origin=record.origin,
-                instance="replicator-x",
-                status=status,
-                data=data,
-            )
-            relay.bus.post(topics.INGRESS_INBOX, reply, partition=record.reply_slot)
+            return {"status": status, "data": data}
 
-        relay.bus.subscribe(topics.REPLICATION, replicator)
+        relay.replicator(replicator)
         auth = {"Authorization": "Bearer secret"}
 
         async def get() -> tuple[int, bytes]:

@@ -13,8 +13,7 @@ from typing import Any
 
 from prometheus_client import REGISTRY
 
-from relay_bus import schemas, topics
-from relay_bus.consumers import Received
+from relay_bus import schemas
 from tests.services.loopback import Relay
 
 PATHS = [
@@ -97,31 +96,18 @@ async def answers(
         tmp_path, redis_url, queue_writer=False, retainer=False, delivery=False, kv_lane=lane
     ) as relay:
 
-        async def replicator(received: Received) -> None:
-            record = received.record
-            assert isinstance(record, schemas.KvRequest)
+        def replicator(record: schemas.KvRequest) -> dict[str, Any]:
             fields = record.model_dump(exclude={"id", "origin", "reply_slot", "deadline_ms"})
             asked.append(fields)
             seen = json.dumps(fields, sort_keys=True)
             if record.key == "refused":
-                status, code, data = 404, "NOT_FOUND", None
-            elif record.op == "get":
-                status, code = 200, None
-                data = {"value": "eA", "version": seen[:40], "expires_at": None}
-            else:
-                status, code, data = 200, None, {"version": seen}
-            reply = schemas.KvReply(
-                id=record.id,
-                origin=record.origin,
-                instance="replicator-x",
-                status=status,
-                data=data,
-                code=code,
-                **({} if code is None else {"detail": f"no such key ({seen})"}),
-            )
-            relay.bus.post(topics.INGRESS_INBOX, reply, partition=record.reply_slot)
+                return {"status": 404, "code": "NOT_FOUND", "detail": f"no such key ({seen})"}
+            if record.op == "get":
+                value = {"value": "eA", "version": seen[:40], "expires_at": None}
+                return {"status": 200, "data": value}
+            return {"status": 200, "data": {"version": seen}}
 
-        relay.bus.subscribe(topics.REPLICATION, replicator)
+        relay.replicator(replicator)
         found = []
         for method, path, headers, body in requests():
             response = await relay.http.request(method, path, headers=headers, content=body)
@@ -151,17 +137,12 @@ async def test_plain_requests_take_the_lane_and_others_the_app(
     async with Relay(
         tmp_path, redis_url, queue_writer=False, retainer=False, delivery=False
     ) as relay:
-
-        async def replicator(received: Received) -> None:
-            record = received.record
-            assert isinstance(record, schemas.KvRequest)
-            data = {"version": "1.0.A"} if record.op == "put" else None
-            reply = schemas.KvReply(
-                id=record.id, origin=record.origin, instance="r", status=200, data=data
-            )
-            relay.bus.post(topics.INGRESS_INBOX, reply, partition=record.reply_slot)
-
-        relay.bus.subscribe(topics.REPLICATION, replicator)
+        relay.replicator(
+            lambda record: {
+                "status": 200,
+                "data": {"version": "1.0.A"} if record.op == "put" else None,
+            }
+        )
         auth = {"Authorization": "Bearer secret"}
         before = lane_count("lane"), lane_count("app")
         put = await relay.http.put("/v1/kv/app/k", headers=auth, json={"value": "eA", "ttl_s": 9})
