@@ -7,7 +7,7 @@ its reply back through Kafka, with nothing of Relay's around it.
 Relay's broker (`relayctl up`, the same JVM settings; the suite's services idle beside it)
 carries two topics of this run: requests (8 partitions, keyed as `relay.replication`) and
 replies (one partition, as one ingress's inbox slot). The asker process runs `--clients` tasks,
-each sending a 256-byte request (acks=all, idempotent, linger 0: Relay's producer settings)
+each sending a 256-byte request (with Relay's own producer: acks=all, idempotent, linger 0)
 and awaiting its reply; a forked coordinator process reads the requests as a group member,
 produces one reply per request, and commits its offsets after each batch, as Relay's
 coordinator does. No HTTP, no quorum, no store: what is left is what the mandated path
@@ -35,14 +35,16 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from cpu import cpu_seconds
 from kv_bench import ROOT, Relay
 
+from relay_bus import clients
+from relay_bus.config import KafkaSettings
+
 PARTITIONS = 8
 VALUE = os.urandom(240)
 
 
 def producer(bootstrap: str) -> AIOKafkaProducer:
-    return AIOKafkaProducer(
-        bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, linger_ms=0
-    )
+    """Relay's own producer (`relay_bus.clients.producer`), so the settings are the same."""
+    return clients.producer(KafkaSettings(bootstrap_servers=bootstrap), "kafka-hop-bench")
 
 
 async def coordinate(bootstrap: str, requests: str, replies: str, ready: Any) -> None:

@@ -78,15 +78,16 @@ class KvLane:
 def _plain(scope: Scope) -> tuple[str, str, str | None] | None:
     """(namespace, key, Authorization) of a `PUT` or `GET /v1/kv/{ns}/{key}` with nothing the
     lane leaves to the app; None otherwise."""
+    path: str = scope.get("path", "")
     if scope["type"] != "http" or scope["method"] not in ("GET", "PUT"):
         return None
-    path: str = scope["path"]
+    if not path.startswith(PREFIX):  # every other route pays only this
+        return None
     raw = scope.get("raw_path") or b""
     tokens = [value for name, value in scope["headers"] if name == b"authorization"]
     ns, slash, key = path.removeprefix(PREFIX).partition("/")
     plain = (
-        path.startswith(PREFIX)
-        and not scope.get("query_string")
+        not scope.get("query_string")
         and not scope.get("root_path")
         and raw.isascii()
         and b"%" not in raw  # percent-escapes: the app's UTF-8 check decides
