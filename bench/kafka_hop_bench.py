@@ -47,7 +47,9 @@ def producer(bootstrap: str) -> AIOKafkaProducer:
     return clients.producer(KafkaSettings(bootstrap_servers=bootstrap), "kafka-hop-bench")
 
 
-async def coordinate(bootstrap: str, requests: str, replies: str, ready: Any) -> None:
+async def coordinating(bootstrap: str, requests: str) -> tuple[AIOKafkaProducer, AIOKafkaConsumer]:
+    """A coordinator's clients, started: Relay's producer, and a member of the group that reads
+    `requests` (committing by hand)."""
     send = producer(bootstrap)
     await send.start()
     read = AIOKafkaConsumer(
@@ -58,6 +60,11 @@ async def coordinate(bootstrap: str, requests: str, replies: str, ready: Any) ->
         auto_offset_reset="earliest",
     )
     await read.start()
+    return send, read
+
+
+async def coordinate(bootstrap: str, requests: str, replies: str, ready: Any) -> None:
+    send, read = await coordinating(bootstrap, requests)
     ready.set()
     while True:
         batches = await read.getmany(timeout_ms=500)
@@ -75,33 +82,56 @@ def coordinator(bootstrap: str, requests: str, replies: str, ready: Any) -> None
     uvloop.run(coordinate(bootstrap, requests, replies, ready))
 
 
+class Asker:
+    """Relay's producer and a reader of the reply partition: `ask` sends a request with a fresh
+    16-byte id in front and returns the bytes of the reply that starts with that id."""
+
+    def __init__(self, bootstrap: str, replies: str) -> None:
+        self.send = producer(bootstrap)
+        self.read = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+        self.replies = replies
+        self.waiting: dict[bytes, asyncio.Future[bytes]] = {}
+        self.reading: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        await self.send.start()
+        await self.read.start()
+        self.read.assign([TopicPartition(self.replies, 0)])
+        await self.read.seek_to_end()
+        self.reading = asyncio.create_task(self._answers())
+
+    async def ask(self, topic: str, partition: int, payload: bytes) -> bytes:
+        request = secrets.token_bytes(16)
+        self.waiting[request] = future = asyncio.get_running_loop().create_future()
+        await self.send.send(topic, request + payload, partition=partition)
+        return await future
+
+    async def stop(self) -> None:
+        if self.reading is not None:
+            self.reading.cancel()
+        await self.send.stop()
+        await self.read.stop()
+
+    async def _answers(self) -> None:
+        while True:
+            for records in (await self.read.getmany(timeout_ms=500)).values():
+                for record in records:
+                    found = self.waiting.pop(record.value[:16], None)
+                    if found is not None and not found.done():
+                        found.set_result(record.value[16:])
+
+
 async def ask(
     bootstrap: str, requests: str, replies: str, options: argparse.Namespace, pids: dict[str, int]
 ) -> dict[str, Any]:
-    send = producer(bootstrap)
-    await send.start()
-    read = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
-    await read.start()
-    read.assign([TopicPartition(replies, 0)])
-    await read.seek_to_end()
+    asker = Asker(bootstrap, replies)
+    await asker.start()
     loop = asyncio.get_running_loop()
-    waiting: dict[bytes, asyncio.Future[None]] = {}
-
-    async def answers() -> None:
-        while True:
-            for records in (await read.getmany(timeout_ms=500)).values():
-                for record in records:
-                    found = waiting.pop(record.value[:16], None)
-                    if found is not None:
-                        found.set_result(None)
 
     async def client(i: int, until: float) -> int:
         done = 0
         while loop.time() < until:
-            request = secrets.token_bytes(16)
-            waiting[request] = loop.create_future()
-            await send.send(requests, request + VALUE, partition=i % PARTITIONS)
-            await waiting[request]
+            await asker.ask(requests, i % PARTITIONS, VALUE)
             done += 1
         return done
 
@@ -109,16 +139,13 @@ async def ask(
         until = loop.time() + seconds
         return sum(await asyncio.gather(*(client(i, until) for i in range(options.clients))))
 
-    reading = asyncio.create_task(answers())
     await load(options.warmup)  # unmeasured: the broker's JIT
     before = cpu_seconds(pids)
     began = time.monotonic()
     done = await load(options.seconds)
     elapsed = time.monotonic() - began
     cpu = {name: t - before[name] for name, t in cpu_seconds(pids).items()}
-    reading.cancel()
-    await send.stop()
-    await read.stop()
+    await asker.stop()
     return {
         "clients": options.clients,
         "round_trips_per_s": round(done / elapsed),

@@ -46,16 +46,13 @@ import orjson
 import report
 import uvicorn
 import uvloop
-from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from kafka_hop_bench import producer
+from kafka_hop_bench import PARTITIONS, Asker, coordinating, make_topics
 from kv_bench import MIXES, ROOT, Etcd, Relay, free_port, preload, run, warm
 from rawhttp import RawHttp
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
 from relay_durable.batching import BatchLoop
 
-PARTITIONS = 8
 W = R = 2
 
 
@@ -97,37 +94,19 @@ async def answer(send: Any, body: bytes, status: int = 200) -> None:
 
 
 async def front(bootstrap: str, requests: str, replies: str, port: int, ready: Any) -> None:
-    send = producer(bootstrap)
-    await send.start()
-    read = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
-    await read.start()
-    read.assign([TopicPartition(replies, 0)])
-    await read.seek_to_end()
-    loop = asyncio.get_running_loop()
-    waiting: dict[bytes, asyncio.Future[bytes]] = {}
-
-    async def answers() -> None:
-        while True:
-            for records in (await read.getmany(timeout_ms=500)).values():
-                for record in records:
-                    found = waiting.pop(record.value[:16], None)
-                    if found is not None and not found.done():
-                        found.set_result(record.value[16:])
+    asker = Asker(bootstrap, replies)
+    await asker.start()
 
     async def app(scope: Any, receive: Any, reply: Any) -> None:
         key = scope["path"].rpartition("/")[2]
         body = await body_of(receive)
         op = b"w" if scope["method"] == "PUT" else b"r"
-        request = secrets.token_bytes(16)
-        waiting[request] = future = loop.create_future()
         partition = zlib.crc32(key.encode()) % PARTITIONS
-        await send.send(requests, request + op + key.encode() + b"\0" + body, partition=partition)
-        await answer(reply, await future)
+        await answer(reply, await asker.ask(requests, partition, op + key.encode() + b"\0" + body))
 
-    reading = asyncio.create_task(answers())
     serving = await listen(app, port)
     ready.set()
-    await asyncio.gather(serving, reading)
+    await serving
 
 
 # -- a replica and coordinator (the replicator's part) -------------------------------------------
@@ -220,16 +199,7 @@ async def replica(
     peers = [f"http://127.0.0.1:{port}" for i, port in enumerate(ports) if i != me]
     writes = [PeerCalls(session, url, "/w") for url in peers]
     reads = [PeerCalls(session, url, "/r") for url in peers]
-    send = producer(bootstrap)
-    await send.start()
-    read = AIOKafkaConsumer(
-        requests,
-        bootstrap_servers=bootstrap,
-        group_id=f"{requests}-coordinators",
-        enable_auto_commit=False,
-        auto_offset_reset="latest",
-    )
-    await read.start()
+    send, read = await coordinating(bootstrap, requests)
 
     async def quorum(asks: list[Any], needed: int) -> list[Any]:
         done: list[Any] = []
@@ -340,13 +310,6 @@ class Floor:
         for child in self.children.values():
             child.kill()
         self.relay.stop()
-
-
-async def make_topics(bootstrap: str, requests: str, replies: str) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    await admin.create_topics([NewTopic(requests, PARTITIONS, 1), NewTopic(replies, 1, 1)])
-    await admin.close()
 
 
 def main() -> None:
